@@ -1,0 +1,35 @@
+# obsspec: the two set-up commands are `make demo` and `make test`; each installs first if needed.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-all bench clean
+
+# The venv is rebuilt when pyproject.toml changes. bubblewrap (the sandbox) and faketime (the
+# pinned clock inside it) are Debian packages; they are installed when missing.
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v bwrap >/dev/null && [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 -o -n "$$(ls /usr/lib/*/faketime/libfaketime.so.1 2>/dev/null)" ] || { \
+	  echo "installing Debian packages: bubblewrap faketime"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap faketime >/dev/null; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip >/dev/null
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: install
+	$(BIN)/obsspec demo
+
+# Fast unit tests and the integration tests (real sandbox, real CLI, tiny local models).
+test: install
+	$(BIN)/python -m pytest -q --durations=15 -m "not gpu" tests
+
+bench: install
+	$(BIN)/python bench/sandbox_overhead.py
+
+clean:
+	rm -rf $(VENV) runs .cache

@@ -1,0 +1,1 @@
+"""The terminal environment: bubblewrap sandboxes, tasks, task suites and Harbor import."""

@@ -1,0 +1,45 @@
+# One agent command in the episode's persistent shell. Each command runs in a fresh bash (so a
+# timeout can kill it without killing the episode), which first restores the state the previous
+# command left (cwd, variables, functions, aliases, options, umask, $?) and saves it on exit.
+# $1: the logical clock (epoch seconds) the command sees through libfaketime.
+__obsspec_state=$OBSSPEC_STATE_DIR/shell __obsspec_cmdfile=$OBSSPEC_STATE_DIR/cmd
+__obsspec_faketime=$OBSSPEC_FAKETIME_LIB __obsspec_det=$OBSSPEC_DETERMINISTIC
+unset "${!OBSSPEC_@}"   # the harness's variables are not part of the agent's environment
+__obsspec_save() {
+  __obsspec_rc=$?
+  {
+    printf 'cd -- %q 2>/dev/null\n' "$PWD"
+    local __n __names=()
+    for __n in $(compgen -v); do
+      case $__n in
+        __obsspec*|BASH*|EUID|UID|PPID|GROUPS|FUNCNAME|PIPESTATUS|LINENO|SECONDS|RANDOM|SRANDOM|\
+        EPOCHSECONDS|EPOCHREALTIME|HISTCMD|_|DIRSTACK|SHLVL|PWD|SHELLOPTS|COMP_WORDBREAKS|\
+        OPTIND|OPTERR|LD_PRELOAD|FAKETIME|DONT_FAKE_MONOTONIC) ;;
+        *) __names+=("$__n") ;;
+      esac
+    done
+    declare -p "${__names[@]}" 2>/dev/null
+    for __n in $(compgen -A function); do
+      case $__n in __obsspec*) ;; *) declare -f "$__n" ;; esac
+    done
+    alias -p
+    umask -p
+    shopt -p
+    set +o
+    printf '__obsspec_last=%d\n' "$__obsspec_rc"
+  } > "$__obsspec_state.tmp" && mv -f "$__obsspec_state.tmp" "$__obsspec_state"
+}
+__obsspec_last=0
+[ -f "$__obsspec_state" ] && source "$__obsspec_state" 2>/dev/null
+shopt -s expand_aliases
+if [ "$__obsspec_det" = 1 ] && [ -n "$__obsspec_faketime" ]; then
+  # An absolute FAKETIME freezes the wall clock: every process of this turn sees the same time.
+  # Monotonic clocks stay real so that sleeps and timeouts inside commands still work.
+  printf -v FAKETIME '%(%Y-%m-%d %H:%M:%S)T' "$1"
+  export LD_PRELOAD=$__obsspec_faketime FAKETIME DONT_FAKE_MONOTONIC=1
+fi
+trap __obsspec_save EXIT
+__obsspec_cmd=$(< "$__obsspec_cmdfile")
+__obsspec_status() { return "$1"; }
+__obsspec_status "$__obsspec_last"
+eval "$__obsspec_cmd"

@@ -20,13 +20,16 @@ closing tag:
 
 `parse_action` also accepts the compact form (`<tool_call><function=done></function></tool_call>`)
 and any spaces/tabs/newlines between tags. From a parameter value it strips exactly one leading and
-one trailing "\\n" if present, nothing else, so render -> parse gives back every value. A value
-ends at the FIRST `</parameter>`: a value cannot contain that string (render raises ValueError;
-a policy that writes `echo '</parameter>'` gets a "malformed tool call" error). Only the first
-`<tool_call>` is used; text before it (reasoning) and after its `</tool_call>` is ignored.
+one trailing "\\n" if present, nothing else, so render -> parse gives back every value. A call
+ends at the FIRST `</tool_call>` and a value at the FIRST `</parameter>`, so a value cannot hold
+either string: render raises ValueError, and a policy that writes `echo '</parameter>'` gets a
+"malformed tool call" error. Only the first `<tool_call>` is used; text before it (reasoning)
+and after its `</tool_call>` is ignored.
 Tools: `bash(command, timeout=None)` (timeout: integer seconds, 1..600) and `done()`.
 
-Observation body (what goes between `OBS_OPEN` and `OBS_CLOSE`):
+Observation body; the policy sees `wrap_observation(body)` = OBS_OPEN + body + OBS_CLOSE, i.e.
+"<tool_response>\\n" + body + "\\n</tool_response>" as in Qwen3's chat template, and a world
+model is trained to write body + OBS_CLOSE (`split_draft` cuts its generation there):
 
     hello\\n\\n(exit_code=0)                           output "hello\\n", kept as is
     (no output)\\n(exit_code=1)                         empty output
@@ -61,7 +64,8 @@ NO_TOOL_CALL = "no tool call found"
 EXPECTED_FUNCTION = "malformed tool call: expected <function=NAME> after <tool_call>"
 EXPECTED_PARAMETER = "malformed tool call: expected <parameter=NAME> or </function>"
 UNCLOSED_PARAMETER = "malformed tool call: unclosed <parameter=...>"
-EXPECTED_CALL_CLOSE = "malformed tool call: expected </tool_call> after </function>"
+MISSING_CALL_CLOSE = "malformed tool call: missing </tool_call>"
+TEXT_AFTER_FUNCTION = "malformed tool call: text after </function>"
 UNKNOWN_FUNCTION = "unknown function (tools: bash, done)"
 DONE_TAKES_NO_PARAMETERS = "done takes no parameters"
 DUPLICATE_PARAMETER = "duplicate parameter"
@@ -95,7 +99,6 @@ _NAME = r"[^<>=\s]+"
 _FUNCTION_OPEN = re.compile(f"{_WS}<function=({_NAME})>")
 _PARAM_OPEN = re.compile(f"{_WS}<parameter=({_NAME})>")
 _FUNCTION_CLOSE = re.compile(f"{_WS}</function>")
-_CALL_CLOSE = re.compile(f"{_WS}{CALL_CLOSE}")
 
 
 class _Malformed(Exception):
@@ -108,15 +111,16 @@ def render_tool_call(name: str, params: dict[str, str] | None = None) -> str:
     for key, value in (params or {}).items():
         if not isinstance(value, str):
             raise TypeError(f"parameter {key!r} must be a str, got {type(value).__name__}")
-        if PARAM_CLOSE in value:
-            raise ValueError(f"parameter {key!r} cannot contain {PARAM_CLOSE!r}")
+        for tag in (PARAM_CLOSE, CALL_CLOSE):
+            if tag in value:
+                raise ValueError(f"parameter {key!r} cannot contain {tag!r}")
         lines += [f"<parameter={_checked_name(key)}>", value, PARAM_CLOSE]
     return "\n".join([*lines, "</function>", CALL_CLOSE])
 
 
 def render_bash(command: str, timeout: int | None = None) -> str:
-    params = {"command": command} if timeout is None else {"command": command, "timeout": str(timeout)}
-    return render_tool_call("bash", params)
+    timeout_param = {} if timeout is None else {"timeout": str(timeout)}
+    return render_tool_call("bash", {"command": command, **timeout_param})
 
 
 def render_done() -> str:
@@ -134,8 +138,12 @@ def parse_action(text: str, *, max_command_chars: int = DEFAULT_MAX_COMMAND_CHAR
     start = text.find(CALL_OPEN)
     if start < 0:
         return Action("error", error=NO_TOOL_CALL)
+    # The call ends at the first </tool_call>, as in common Qwen3-coder parsers and stop strings.
+    end = text.find(CALL_CLOSE, start)
+    if end < 0:
+        return Action("error", error=MISSING_CALL_CLOSE)
     try:
-        name, params = _parse_call(text, start + len(CALL_OPEN))
+        name, params = _parse_call(text[start + len(CALL_OPEN):end])
     except _Malformed as e:
         return Action("error", error=str(e))
     if name == "done":
@@ -150,8 +158,8 @@ def parse_action(text: str, *, max_command_chars: int = DEFAULT_MAX_COMMAND_CHAR
     return Action("bash", command=values["command"], timeout=None if timeout is None else int(timeout))
 
 
-def _parse_call(text: str, pos: int) -> tuple[str, list[tuple[str, str]]]:
-    match = _FUNCTION_OPEN.match(text, pos)
+def _parse_call(text: str) -> tuple[str, list[tuple[str, str]]]:
+    match = _FUNCTION_OPEN.match(text)
     if not match:
         raise _Malformed(EXPECTED_FUNCTION)
     name, pos, params = match[1], match.end(), []
@@ -164,8 +172,8 @@ def _parse_call(text: str, pos: int) -> tuple[str, list[tuple[str, str]]]:
             raise _Malformed(UNCLOSED_PARAMETER)
         params.append((match[1], _strip_one_newline(text[match.end():end])))
         pos = end + len(PARAM_CLOSE)
-    if not _CALL_CLOSE.match(text, close.end()):
-        raise _Malformed(EXPECTED_CALL_CLOSE)
+    if text[close.end():].strip(" \t\r\n"):
+        raise _Malformed(TEXT_AFTER_FUNCTION)
     return name, params
 
 
@@ -194,14 +202,14 @@ def _bash_error(params: list[tuple[str, str]], max_chars: int) -> str:
         return SURROGATE_IN_COMMAND
     timeout = values.get("timeout")
     # ASCII digits only: int() would also take " 30", "+30", "3_0" and non-ASCII digits.
-    if timeout is not None and not (re.fullmatch("[0-9]{1,9}", timeout) and 1 <= int(timeout) <= MAX_TIMEOUT_S):
-        return BAD_TIMEOUT
-    return ""
+    if timeout is None or (re.fullmatch("[0-9]{1,9}", timeout) and 1 <= int(timeout) <= MAX_TIMEOUT_S):
+        return ""
+    return BAD_TIMEOUT
 
 
 def tools_description() -> str:
     """The fixed text that tells the policy its tools and the call format (system prompt)."""
-    return f"""You work in a Linux terminal through tools. Call exactly one tool per reply, in this format:
+    return f"""You work in a Linux terminal through tools. Call exactly one tool per reply, like this:
 
 {render_bash("ls -la")}
 
@@ -213,7 +221,8 @@ Tools:
 
 {render_done()}
 
-Only the first tool call in a reply is used. A parameter value cannot contain the text {PARAM_CLOSE}."""
+Only the first tool call in a reply is used. A parameter value cannot contain the text
+{PARAM_CLOSE} or {CALL_CLOSE}."""
 
 
 # ---------------------------------------------------------------------------- observations

@@ -250,10 +250,12 @@ class Sandbox:
     async def verify(self, script: str, files: dict[str, str] | None = None,
                      timeout_s: float | None = None) -> float:
         """Run a task's verifier; return its reward in [0, 1] (Harbor's reward.txt, else exit code)."""
-        shutil.rmtree(self.tests_dir, ignore_errors=True)  # the agent cannot see or plant these
-        shutil.rmtree(os.path.join(self.logs_dir, "verifier"), ignore_errors=True)
+        # /tests is mounted read-only and empty during the episode; /logs is cleared here so that
+        # a reward the agent planted does not count. (Empty the dirs, don't replace them: the
+        # sandbox's bind mounts point at these very inodes.)
+        _empty_dir(self.tests_dir)
+        _empty_dir(self.logs_dir)
         os.makedirs(os.path.join(self.logs_dir, "verifier"))
-        os.makedirs(self.tests_dir, exist_ok=True)
         for rel, text in (files or {}).items():
             _write_file(self.tests_dir, rel, text)
         if os.geteuid() == 0 and self.config.isolation == "bwrap":
@@ -442,6 +444,15 @@ def _write_file(base: str, rel: str, text: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="") as f:
         f.write(text)
+
+
+def _empty_dir(path: str) -> None:
+    for name in os.listdir(path):
+        child = os.path.join(path, name)
+        if os.path.isdir(child) and not os.path.islink(child):
+            shutil.rmtree(child)
+        else:
+            os.unlink(child)
 
 
 def _chown_tree(path: str, uid: int) -> None:

@@ -14,7 +14,7 @@ __obsspec_save() {
       case $__n in
         __obsspec*|BASH*|EUID|UID|PPID|GROUPS|FUNCNAME|PIPESTATUS|LINENO|SECONDS|RANDOM|SRANDOM|\
         EPOCHSECONDS|EPOCHREALTIME|HISTCMD|_|DIRSTACK|SHLVL|PWD|SHELLOPTS|COMP_WORDBREAKS|\
-        OPTIND|OPTERR|LD_PRELOAD|FAKETIME|DONT_FAKE_MONOTONIC) ;;
+        OPTIND|OPTERR|LD_PRELOAD|FAKETIME*|DONT_FAKE_MONOTONIC) ;;
         *) __names+=("$__n") ;;
       esac
     done
@@ -41,5 +41,5 @@ fi
 trap __obsspec_save EXIT
 __obsspec_cmd=$(< "$__obsspec_cmdfile")
 __obsspec_status() { return "$1"; }
-__obsspec_status "$__obsspec_last"
+__obsspec_status "$__obsspec_last"  # so that `echo $?` shows the previous command's status
 eval "$__obsspec_cmd"

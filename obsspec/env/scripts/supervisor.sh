@@ -12,7 +12,8 @@
 # harness when a command exceeds its timeout) it kills every other process in the namespace.
 # On exit the kernel kills everything left in the namespace: nothing outlives an episode.
 
-export LC_ALL=C   # read -N counts bytes
+agent_lc_all=$LC_ALL
+export LC_ALL=C   # read -N counts bytes; commands get the agent's locale back
 exec 2>/dev/null
 ulimit -u "$OBSSPEC_MAX_PROCS" -v "$OBSSPEC_MEMORY_KB" -f "$OBSSPEC_FILE_BLOCKS"
 state=$OBSSPEC_STATE_DIR
@@ -21,7 +22,7 @@ __kill_others() {
   # A fork bomb may still be forking while we kill, so repeat until nothing else is left.
   # Unsandboxed (isolation=none) we are not PID 1 and kill only the command's own session.
   local i
-  for i in $(seq 100); do
+  for ((i = 0; i < 100; i++)); do
     if [ $$ = 1 ]; then kill -KILL -1 || return 0; else kill -KILL -- "-$pid" || return 0; fi
   done
 }
@@ -47,9 +48,9 @@ while IFS=' ' read -r op nonce nbytes arg; do
   printf '%s' "$script" > "$state/cmd"
   __interrupted=0
   if [ "$op" = run ]; then
-    $setsid bash --noprofile --norc -c "$OBSSPEC_RUNNER" bash "$arg" </dev/null 2>&1 &
+    LC_ALL=$agent_lc_all $setsid bash --noprofile --norc -c "$OBSSPEC_RUNNER" bash "$arg" </dev/null 2>&1 &
   else
-    (cd "$OBSSPEC_WORKDIR" && exec $setsid bash --noprofile --norc "$state/cmd") </dev/null 2>&1 &
+    (cd "$OBSSPEC_WORKDIR" && LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc "$state/cmd") </dev/null 2>&1 &
   fi
   pid=$!
   wait "$pid"; rc=$?

@@ -1,0 +1,472 @@
+"""In-process generation engine on transformers, with continuous batching over a KV cache.
+
+How it works:
+- `generate()` hands the request to one worker thread and awaits a future. The worker runs the
+  model (torch releases the GIL, so the asyncio loop stays responsive) and resolves futures with
+  `loop.call_soon_threadsafe`.
+- Each worker iteration: apply adapter commands; drop cancelled requests; admit waiting requests
+  (prefill each prompt on its own, sample its first token); run one decode step for every running
+  request; finish those that hit a stop token, a stop string or their length.
+- Batched mode (default): running requests of the same adapter share one left-padded
+  `DynamicCache`, and one forward pass per step decodes them all (attention mask + explicit
+  position ids). A request joins by padding its prefilled cache on the left; rows that finish are
+  sliced out, and columns that became padding in every row are trimmed.
+- Batch-invariant mode (`batch_invariant=True`): each request keeps its own cache and its own
+  forward pass (batch size 1, no padding), so its tokens and logprobs are bit-identical whatever
+  else runs. Requests are still served concurrently, interleaved step by step.
+- Sampling draws from a per-request `torch.Generator` seeded with the request's seed, on that
+  request's own row of probabilities, so the random stream never depends on the batch.
+
+Example:
+    engine = HFEngine(load_model("Qwen/Qwen3-0.6B"), tokenizer)
+    async with engine:
+        gen = await engine.generate(GenerationRequest(prompt_ids=ids, temperature=0))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest
+from obsspec.engines.kv_batch import DecodeBatch, sample_token
+
+
+def load_model(name_or_path: str | os.PathLike[str], *, dtype: Any = "auto", device: str = "cpu"):
+    """Load a causal LM from a local folder or a hub name (the same call serves both)."""
+    model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype)
+    return model.to(device).eval()
+
+
+@dataclass
+class EngineStats:
+    """Counters of the worker; read them for tests and benchmarks (not thread-synchronised)."""
+
+    prefills: int = 0
+    decode_steps: int = 0  # decode forward passes
+    largest_batch: int = 0  # most requests decoded by one forward pass
+    tokens: int = 0
+    finished: int = 0
+    cancelled: int = 0
+    # decode steps each recently finished request took part in (bounded, newest last)
+    steps_by_request: OrderedDict[str, int] = field(default_factory=OrderedDict)
+
+
+# --------------------------------------------------------------------------------------------
+# Worker-side state
+
+
+class _Running:
+    """A request from submission to result; touched by the worker thread only, except the two
+    cancellation flags, which the asyncio side sets."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
+        self.request = request
+        self.loop = loop
+        self.future: asyncio.Future[Generation] = loop.create_future()
+        self.submitted = time.perf_counter()
+        self.admitted = 0.0
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.position = 0  # position id of the next input token (the last sampled one)
+        self.steps = 0
+        self.generator: torch.Generator | None = None
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.abandoned = False  # the awaiting task was cancelled: drop without a result
+        self.cancel_requested = False  # engine.cancel(): finish with "cancelled"
+
+    @property
+    def gone(self) -> bool:
+        return self.abandoned or self.cancel_requested
+
+    def post(self, result: Generation | None = None, error: BaseException | None = None) -> None:
+        _resolve_soon(self.loop, self.future, result, error)
+
+
+def _resolve_soon(loop, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    """Resolve an asyncio future from the worker thread."""
+
+    def deliver() -> None:
+        if future.done():  # cancelled meanwhile: nobody waits for this
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    try:
+        loop.call_soon_threadsafe(deliver)
+    except RuntimeError:  # the loop is closed, so nobody can be waiting
+        pass
+
+
+@dataclass
+class _AdapterCommand:
+    kind: str  # "load" or "unload"
+    name: str
+    path: str | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
+
+
+# --------------------------------------------------------------------------------------------
+# The engine
+
+
+class HFEngine:
+    """Serve a transformers causal LM to many concurrent `generate` calls.
+
+    The engine owns `model` while it runs: it puts it in eval mode, moves it to `device`, and
+    wraps it in a PEFT model on the first `load_adapter`. A model that already is a PEFT model is
+    served as given (adapter=None) and cannot load further adapters by name.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        batch_invariant: bool = False,
+        max_batch_size: int = 32,
+        device: str = "cpu",
+    ):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.batch_invariant = batch_invariant
+        self.max_batch_size = max_batch_size
+        self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
+        self.stats = EngineStats()
+        self._user_peft = hasattr(model, "peft_config")
+        self._adapters: set[str] = set()
+        self._active_adapter: object = None  # what the model computes with right now
+        self._cond = threading.Condition()
+        self._inbox: list[_Running] = []  # guarded by _cond
+        self._commands: list[_AdapterCommand] = []  # guarded by _cond
+        self._by_id: dict[str, _Running] = {}  # guarded by _cond
+        self._closed = False
+        self._waiting: deque[_Running] = deque()  # worker only, from here on
+        self._batches: list[DecodeBatch] = []
+        self._thread = threading.Thread(target=self._serve, name="hf-engine", daemon=True)
+        self._thread.start()
+
+    # ---- asyncio side ------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        if request.stop_strings and self.tokenizer is None:
+            raise ValueError("stop_strings need a tokenizer: HFEngine(model, tokenizer)")
+        running = _Running(request, asyncio.get_running_loop())
+        with self._cond:
+            if self._closed:
+                raise EngineClosedError("the engine is closed")
+            if request.request_id in self._by_id:
+                raise ValueError(f"request id {request.request_id!r} is already running")
+            self._by_id[request.request_id] = running
+            self._inbox.append(running)
+            self._cond.notify()
+        try:
+            return await running.future
+        except asyncio.CancelledError:
+            running.abandoned = True  # the worker removes it before its next step
+            with self._cond:
+                self._cond.notify()
+            raise
+
+    def cancel(self, request_id: str) -> bool:
+        with self._cond:
+            running = self._by_id.get(request_id)
+            if running is None or running.gone:
+                return False
+            running.cancel_requested = True
+            self._cond.notify()
+            return True
+
+    def decode_steps(self, request_id: str) -> int | None:
+        """Decode steps a running or recently finished request has taken part in."""
+        with self._cond:
+            running = self._by_id.get(request_id)
+        if running is not None:
+            return running.steps
+        return self.stats.steps_by_request.get(request_id)
+
+    async def load_adapter(self, name: str, path: str | os.PathLike[str]) -> None:
+        """Load (or replace) a LoRA adapter version. Requests already decoding with that name
+        finish on the old weights first; requests admitted afterwards use the new ones."""
+        await self._command("load", name, os.fspath(path))
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._command("unload", name, None)
+
+    async def _command(self, kind: str, name: str, path: str | None) -> None:
+        if self._user_peft:
+            raise ValueError("this engine serves a PEFT model as given; pass its base model instead")
+        loop = asyncio.get_running_loop()
+        command = _AdapterCommand(kind, name, path, loop, loop.create_future())
+        with self._cond:
+            if self._closed:
+                raise EngineClosedError("the engine is closed")
+            self._commands.append(command)
+            self._cond.notify()
+        await command.future
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    async def __aenter__(self) -> HFEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.close)
+
+    # ---- worker thread -----------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._closed or self._inbox or self._commands or self._batches
+                           or self._waiting):
+                    self._cond.wait()
+                if self._closed:
+                    break
+                self._waiting.extend(self._inbox)
+                self._inbox.clear()
+            # Adapter loading stays outside inference mode: its weights must remain ordinary
+            # tensors (inference tensors cannot be trained or saved by PEFT later).
+            self._run_commands()
+            with torch.inference_mode():
+                self._drop_cancelled()
+                self._admit()
+                self._decode()
+        self._fail_everything(EngineClosedError("the engine was closed"))
+
+    def _run_commands(self) -> None:
+        with self._cond:
+            commands = list(self._commands)
+        for command in commands:
+            in_use = any(r.request.adapter == command.name for b in self._batches for r in b.rows)
+            if in_use:
+                continue  # retried after every step; admission of that adapter waits meanwhile
+            with self._cond:
+                self._commands.remove(command)
+            error: BaseException | None = None
+            try:
+                self._apply_adapter_command(command)
+            except Exception as exc:  # reported to the caller of load/unload_adapter
+                error = exc
+            self._active_adapter = object()  # unknown: set it again before the next forward
+            _resolve_soon(command.loop, command.future, None, error)
+
+    def _apply_adapter_command(self, command: _AdapterCommand) -> None:
+        from peft import PeftModel
+
+        name = command.name
+        if command.kind == "unload":
+            if name not in self._adapters:
+                raise KeyError(f"no adapter named {name!r} is loaded")
+            self.model.delete_adapter(name)
+            self._adapters.discard(name)
+        elif not isinstance(self.model, PeftModel):
+            self.model = PeftModel.from_pretrained(self.model, command.path, adapter_name=name)
+            self.model.eval()
+            self._adapters.add(name)
+        else:
+            if name in self._adapters:
+                self.model.delete_adapter(name)
+                self._adapters.discard(name)
+            self.model.load_adapter(command.path, adapter_name=name)
+            self._adapters.add(name)
+
+    def _use_adapter(self, name: str | None) -> None:
+        if name == self._active_adapter or self._user_peft or not self._adapters:
+            self._active_adapter = name
+            return
+        if name is None:
+            self.model.base_model.disable_adapter_layers()
+        else:
+            self.model.base_model.enable_adapter_layers()
+            self.model.set_adapter(name, inference_mode=True)
+        self._active_adapter = name
+
+    def _drop_cancelled(self) -> None:
+        for running in [r for r in self._waiting if r.gone]:
+            self._waiting.remove(running)
+            self._finish_cancelled(running)
+        for batch in self._batches:
+            if any(r.gone for r in batch.rows):
+                for running in batch.rows:
+                    if running.gone:
+                        self._finish_cancelled(running)
+                batch.keep([i for i, r in enumerate(batch.rows) if not r.gone])
+        self._batches = [b for b in self._batches if b.rows]
+
+    def _admit(self) -> None:
+        with self._cond:
+            blocked = {c.name for c in self._commands}
+        running = sum(len(b.rows) for b in self._batches)
+        held: list[_Running] = []
+        while self._waiting and running < self.max_batch_size:
+            r = self._waiting.popleft()
+            if r.request.adapter in blocked:
+                held.append(r)
+                continue
+            try:
+                logits, cache = self._prefill(r)
+                self._accept(r, logits)
+                if r.finish_reason is None:
+                    self._batch_for(r.request.adapter).add(r, cache)
+                    running += 1
+                else:
+                    self._complete(r)
+            except Exception as exc:  # this request's fault (or the model's): fail it alone
+                self._fail(r, exc)
+        self._waiting.extendleft(reversed(held))
+
+    def _prefill(self, r: _Running) -> tuple[torch.Tensor, DynamicCache]:
+        request = r.request
+        r.admitted = time.perf_counter()
+        if self.max_positions is not None and len(request.prompt_ids) > self.max_positions:
+            raise ValueError(
+                f"prompt of {len(request.prompt_ids)} tokens exceeds the model's "
+                f"{self.max_positions} positions"
+            )
+        if request.adapter is not None and request.adapter not in self._adapters:
+            raise KeyError(f"adapter {request.adapter!r} is not loaded; call load_adapter first")
+        if not request.greedy:
+            r.generator = torch.Generator(device=self.device).manual_seed(request.seed)
+        self._use_adapter(request.adapter)
+        cache = DynamicCache(config=self.model.config)
+        ids = torch.tensor([request.prompt_ids], device=self.device)
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self.stats.prefills += 1
+        r.position = len(request.prompt_ids)
+        return out.logits[0, -1], cache
+
+    def _batch_for(self, adapter: str | None) -> DecodeBatch:
+        if not self.batch_invariant:
+            for batch in self._batches:
+                if batch.adapter == adapter:
+                    return batch
+        batch = DecodeBatch(adapter)
+        self._batches.append(batch)
+        # Grouped by adapter so that consecutive forward passes rarely switch adapters.
+        self._batches.sort(key=lambda b: (b.adapter is not None, b.adapter or ""))
+        return batch
+
+    def _decode(self) -> None:
+        for batch in self._batches:
+            self._use_adapter(batch.adapter)
+            try:
+                logits = batch.forward(self.model)
+            except Exception as exc:
+                for r in batch.rows:
+                    self._fail(r, exc)
+                batch.keep([])
+                continue
+            self.stats.decode_steps += 1
+            self.stats.largest_batch = max(self.stats.largest_batch, len(batch.rows))
+            keep = []
+            for i, r in enumerate(batch.rows):
+                r.position += 1
+                r.steps += 1
+                self._accept(r, logits[i])
+                if r.finish_reason is None:
+                    keep.append(i)
+                else:
+                    self._complete(r)
+            batch.keep(keep)
+        self._batches = [b for b in self._batches if b.rows]
+
+    def _accept(self, r: _Running, logits: torch.Tensor) -> None:
+        """Sample the next token of `r` and decide whether it is finished."""
+        request = r.request
+        token, logprob = sample_token(logits, request.temperature, request.top_p, r.generator)
+        r.tokens.append(token)
+        r.logprobs.append(logprob)
+        self.stats.tokens += 1
+        stop_string = self._stop_string(r)
+        if token in request.stop_token_ids:
+            r.finish_reason, r.stop_reason = "stop", token
+        elif stop_string is not None:
+            r.finish_reason, r.stop_reason = "stop", stop_string
+        elif len(r.tokens) >= request.max_new_tokens:
+            r.finish_reason = "length"
+        elif self.max_positions is not None and r.position >= self.max_positions:
+            r.finish_reason = "length"  # the last token has no position left to be fed at
+
+    def _stop_string(self, r: _Running) -> str | None:
+        stops = r.request.stop_strings
+        if not stops:
+            return None
+        # A match must end in the newest token (else it would have stopped earlier) and every
+        # token is at least one byte, so the last (longest stop in bytes + 4) tokens suffice;
+        # the 4 spare tokens absorb a multi-byte character cut at the window's start.
+        window = max(len(s.encode()) for s in stops) + 4
+        text = self.tokenizer.decode(r.tokens[-window:], skip_special_tokens=False)
+        return next((s for s in stops if s in text), None)
+
+    # ---- results -----------------------------------------------------------------------------
+
+    def _forget(self, r: _Running) -> None:
+        with self._cond:
+            self._by_id.pop(r.request.request_id, None)
+        steps = self.stats.steps_by_request
+        steps[r.request.request_id] = r.steps
+        while len(steps) > 4096:
+            steps.popitem(last=False)
+
+    def _complete(self, r: _Running) -> None:
+        now = time.perf_counter()
+        admitted = r.admitted or now
+        self._forget(r)
+        self.stats.finished += 1
+        r.post(
+            Generation(
+                request_id=r.request.request_id,
+                token_ids=tuple(r.tokens),
+                logprobs=tuple(r.logprobs),
+                finish_reason=r.finish_reason,
+                stop_reason=r.stop_reason,
+                queue_sec=admitted - r.submitted,
+                compute_sec=now - admitted,
+            )
+        )
+
+    def _finish_cancelled(self, r: _Running) -> None:
+        self.stats.cancelled += 1
+        if r.abandoned:
+            self._forget(r)
+        else:
+            r.finish_reason, r.stop_reason = "cancelled", None
+            self._complete(r)
+
+    def _fail(self, r: _Running, error: BaseException) -> None:
+        self._forget(r)
+        r.post(error=error)
+
+    def _fail_everything(self, error: BaseException) -> None:
+        with self._cond:
+            pending = list(self._inbox)
+            self._inbox.clear()
+            commands = list(self._commands)
+            self._commands.clear()
+        for r in [*pending, *self._waiting, *(r for b in self._batches for r in b.rows)]:
+            self._fail(r, error)
+        self._waiting.clear()
+        self._batches.clear()
+        for command in commands:
+            _resolve_soon(command.loop, command.future, None, error)

@@ -1,0 +1,232 @@
+"""The bubblewrap sandbox: persistent shell, limits, determinism, and hostile commands contained.
+
+Every hostile command runs in a real sandbox; each test checks both that the agent got a clear
+observation and that the host (or another episode) was not touched.
+"""
+
+import asyncio
+import os
+import shutil
+
+import pytest
+
+from obsspec.env.sandbox import Sandbox, SandboxConfig, SandboxUnavailable, check_bwrap
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
+
+FAST = SandboxConfig(timeout_s=3, memory_mb=1024, max_procs=64)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def session(commands, files=None, setup="", config=FAST, workdir="/app"):
+    """Run commands in one fresh sandbox; return their results (and close it)."""
+    async with Sandbox(config, workdir=workdir) as sb:
+        await sb.start(files=files, setup=setup)
+        return [await sb.run(c) for c in commands]
+
+
+def text(result) -> str:
+    return result.output.decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------------------------------------
+# the persistent shell
+
+
+def test_shell_state_persists_between_commands():
+    r = run(session([
+        "mkdir -p sub && cd sub && export FOO=1 && BAR=two && greet() { echo hi $1; }",
+        "alias ll='echo aliased'; set -o pipefail; umask 077",
+        "pwd; echo $FOO $BAR; greet you; ll; shopt -o pipefail | tr -s ' \\t' ' '; umask",
+    ]))
+    assert text(r[2]) == "/app/sub\n1 two\nhi you\naliased\npipefail on\n0077\n"
+
+
+def test_exit_status_and_last_status_carry_over():
+    r = run(session(["false", "echo $?", "exit 3", "echo $?; pwd"]))
+    assert [x.exit_code for x in r] == [1, 0, 3, 0]
+    assert text(r[1]) == "1\n" and text(r[3]) == "3\n/app\n"
+
+
+def test_files_and_setup_and_custom_workdir():
+    r = run(session(["cat notes.txt; ls", "pwd"], files={"notes.txt": "hello\n"},
+                    setup="mkdir built", workdir="/testbed"))
+    assert text(r[0]) == "hello\nbuilt\nnotes.txt\n" and text(r[1]) == "/testbed\n"
+
+
+def test_stdout_and_stderr_interleave_like_a_terminal():
+    r = run(session(["echo out; echo err >&2; echo out2"]))
+    assert text(r[0]) == "out\nerr\nout2\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# determinism
+
+
+def test_deterministic_identity_clock_and_file_times():
+    cmds = ["whoami; hostname; id; echo $HOME $TZ $LANG; umask; date; date +%s",
+            "touch made.txt; mkdir d",
+            "ls -la --time-style=full-iso; ls -la --time-style=+%s / | grep -E ' (app|home|tmp)$'",
+            "python3 -c 'import time; print(int(time.time()))'"]
+    a = run(session(cmds, files={"f.txt": "x\n"}))
+    b = run(session(cmds, files={"f.txt": "x\n"}))
+    assert [x.output for x in a] == [x.output for x in b]
+    assert text(a[0]).startswith("agent\nsandbox\nuid=1000(agent) gid=1000(agent)")
+    assert "Mon Jan  1 00:01:00 UTC 2024" in text(a[0])      # logical clock: start + 1 turn
+    assert "2024-01-01 00:02:00" in text(a[2])                # made.txt re-stamped to turn 2
+    assert "2026" not in text(a[2]) and "2025" not in text(a[2])
+    assert text(a[3]) == "1704067440\n"                       # turn 4
+
+
+def test_deterministic_off_shows_the_real_clock():
+    cfg = SandboxConfig(timeout_s=3, deterministic=False)
+    r = run(session(["date +%Y"], config=cfg))
+    assert text(r[0]).strip() != "2024"
+
+
+# ---------------------------------------------------------------------------------------------
+# limits
+
+
+def test_timeout_kills_the_command_tree_and_the_episode_continues():
+    r = run(session(["cd /tmp; X=kept", "sleep 60 & sleep 60; echo never", "echo $X; pwd; ps -e -o comm= | sort"]))
+    assert r[1].timed_out and r[1].exit_code == -1 and b"never" not in r[1].output
+    assert text(r[2]) == "kept\n/tmp\nbash\nbash\nps\nsort\n"  # no sleep left behind
+
+
+def test_output_cap_keeps_a_prefix_and_counts_everything():
+    r = run(session(["head -c 100000000 /dev/zero | tr '\\0' b; echo done"]))
+    assert r[0].total_bytes == 100_000_005 and r[0].exit_code == 0
+    assert len(r[0].output) < 100_000 and set(r[0].output) == {ord("b")}
+
+
+def test_binary_and_non_utf8_output_pass_through_as_bytes():
+    r = run(session(["printf '\\x00\\xff\\xfe abc \\x1b[31m'"]))
+    assert r[0].output == b"\x00\xff\xfe abc \x1b[31m"
+
+
+def test_fork_bomb_is_contained_and_the_episode_recovers():
+    r = run(session([":(){ :|:& };:", "sleep 30", "echo alive"]))
+    assert b"Resource temporarily unavailable" in r[0].output
+    assert r[1].timed_out                        # the next command clears the bomb out
+    assert text(r[2]) == "alive\n"
+
+
+def test_memory_hog_gets_a_memory_error():
+    r = run(session(["python3 -c 'x = bytearray(3 * 1024**3)'"]))
+    assert r[0].exit_code == 1 and b"MemoryError" in r[0].output
+
+
+def test_infinite_loop_times_out():
+    r = run(session(["while true; do :; done", "echo ok"]))
+    assert r[0].timed_out and text(r[1]) == "ok\n"
+
+
+def test_kill_everything_from_inside_does_not_kill_the_shell():
+    r = run(session(["sleep 100 & kill -9 -1; echo still here", "echo next"]))
+    assert text(r[0]).startswith("still here\n") and text(r[1]) == "next\n"
+
+
+def test_background_process_does_not_outlive_the_episode(tmp_path):
+    marker = tmp_path / "alive"
+
+    async def go():
+        sb = Sandbox(FAST)
+        await sb.start()
+        await sb.run("nohup setsid bash -c 'while true; do date >> /app/tick; sleep 0.1; done' >/dev/null 2>&1 &")
+        workspace = sb.workspace
+        await asyncio.sleep(0.5)
+        await sb.close()
+        return workspace
+
+    workspace = run(go())
+    assert not os.path.exists(workspace)             # workspace removed
+    out = os.popen("ps -eo args").read()
+    assert "while true; do date >> /app/tick" not in out
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# isolation
+
+
+def test_cannot_write_outside_the_workspace():
+    project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = run(session([
+        "echo x > /usr/evil; echo x > /etc/evil; echo x > /bin/evil",
+        f"ls {project}; echo x > {project}/evil",
+    ]))
+    assert text(r[0]).count("Read-only file system") == 3
+    assert "No such file or directory" in text(r[1])
+    assert not os.path.exists("/usr/evil") and not os.path.exists(os.path.join(project, "evil"))
+
+
+def test_cannot_read_host_files():
+    r = run(session(["cat /etc/shadow; ls /root; ls /home; cat /proc/1/environ | tr '\\0' '\\n' | grep -c OBSSPEC_RUNNER"]))
+    out = text(r[0])
+    assert "Permission denied" in out and "cannot access '/root'" in out
+    assert "agent\n" in out
+
+
+def test_no_network():
+    r = run(session(["python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), timeout=2)'",
+                     "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 22), timeout=2)'"]))
+    assert "Network is unreachable" in text(r[0])
+    assert r[1].exit_code != 0
+
+
+def test_episodes_are_isolated_from_each_other():
+    async def go():
+        a, b = Sandbox(FAST), Sandbox(FAST)
+        await a.start(files={"secret.txt": "a-only\n"})
+        await b.start()
+        ra = await a.run("ls /; ps -e | wc -l")
+        rb = await b.run(f"cat {a.workspace}/secret.txt; ls /app; ps -e -o comm=")
+        await a.close()
+        await b.close()
+        return ra, rb
+
+    ra, rb = run(go())
+    assert "a-only" not in text(rb) and "No such file" in text(rb)
+    assert "bash\nps\n" in text(rb)                   # only its own processes
+
+
+def test_many_sandboxes_run_concurrently():
+    async def one(i):
+        return await session([f"echo {i} > f; sleep 0.3; cat f"])
+
+    async def go():
+        return await asyncio.gather(*(one(i) for i in range(12)))
+
+    results = run(go())
+    assert [text(r[0]) for r in results] == [f"{i}\n" for i in range(12)]
+
+
+def test_verifier_reward_from_reward_file_and_exit_code():
+    async def go():
+        async with Sandbox(FAST) as sb:
+            await sb.start(files={"a.txt": "1\n"})
+            await sb.run("mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt")  # a planted reward
+            by_exit = await sb.verify("test -f a.txt")
+            failed = await sb.verify("test -f missing.txt")
+            partial = await sb.verify("mkdir -p /logs/verifier; echo 0.25 > /logs/verifier/reward.txt")
+            hidden = await sb.verify("cat /tests/check.txt", files={"check.txt": "ok"})
+            return by_exit, failed, partial, hidden
+
+    assert run(go()) == (1.0, 0.0, 0.25, 1.0)
+
+
+def test_missing_bwrap_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        check_bwrap()
+
+
+def test_unsandboxed_mode_only_when_asked_and_warns():
+    cfg = SandboxConfig(isolation="none", timeout_s=3)
+    with pytest.warns(UserWarning, match="UNSANDBOXED"):
+        r = run(session(["cd sub 2>/dev/null || mkdir sub && cd sub; export A=1", "echo $A; basename $PWD", "sleep 30"], config=cfg))
+    assert text(r[1]) == "1\nsub\n" and r[2].timed_out

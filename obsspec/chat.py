@@ -3,9 +3,8 @@
 This is the one place where tool calls are rendered and parsed and observation bodies are built;
 it works on `str`, and the tokenizer layer sits on top of it.
 
-Tool calls (Qwen3-coder XML). `render_tool_call` writes the canonical form, every tag on its own
-line and each parameter value between one newline after its opening tag and one before its
-closing tag:
+Tool calls (Qwen3-coder XML). `render_tool_call` puts every tag on its own line, so a value sits
+between one newline after its opening tag and one before its closing tag:
 
     <tool_call>
     <function=bash>
@@ -18,14 +17,13 @@ closing tag:
     </function>
     </tool_call>
 
-`parse_action` also accepts the compact form (`<tool_call><function=done></function></tool_call>`)
-and any spaces/tabs/newlines between tags. From a parameter value it strips exactly one leading and
-one trailing "\\n" if present, nothing else, so render -> parse gives back every value. A call
-ends at the FIRST `</tool_call>` and a value at the FIRST `</parameter>`, so a value cannot hold
-either string: render raises ValueError, and a policy that writes `echo '</parameter>'` gets a
-"malformed tool call" error. Only the first `<tool_call>` is used; text before it (reasoning)
-and after its `</tool_call>` is ignored.
-Tools: `bash(command, timeout=None)` (timeout: integer seconds, 1..600) and `done()`.
+`parse_action` also takes the compact form (`<tool_call><function=done></function></tool_call>`)
+and any spaces/tabs/newlines between tags; from a value it strips exactly one leading and one
+trailing "\\n" if present, nothing else, so render -> parse gives every value back. A call ends at
+the FIRST `</tool_call>` and a value at the FIRST `</parameter>`, so no value can hold either
+string: render raises ValueError, and `echo '</parameter>'` written by a policy is a "malformed
+tool call". Only the first `<tool_call>` counts; text before it (reasoning) and after it is
+ignored. Tools: `bash(command, timeout=None)` (timeout: integer seconds, 1..600) and `done()`.
 
 Observation body; the policy sees `wrap_observation(body)` = OBS_OPEN + body + OBS_CLOSE, i.e.
 "<tool_response>\\n" + body + "\\n</tool_response>" as in Qwen3's chat template, and a world

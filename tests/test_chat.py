@@ -90,7 +90,8 @@ def test_render_parse_round_trip(command, timeout):
 def test_render_parse_round_trip_random_commands():
     rng = random.Random(7)
     alphabet = ["a", " ", "\n", "\t", "\r", "<", ">", "/", "=", "'", '"', "&", "é", "😀",
-                "parameter", "</function>", "<tool_call>", "</tool_", "call>", "<parameter=x>", "</param"]
+                "parameter", "</function>", "<tool_call>", "</tool_", "call>", "<parameter=x>",
+                "</param"]
     for _ in range(2000):
         command = "x" + "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
         if chat.PARAM_CLOSE in command or chat.CALL_CLOSE in command:
@@ -104,7 +105,8 @@ def test_render_parse_round_trip_random_commands():
 def test_parse_compact_and_spaced_forms():
     assert parse_action(bash_call(param("command", "ls -la"))) == Action("bash", "ls -la")
     assert parse_action("<tool_call><function=done></function></tool_call>") == Action("done")
-    spaced = "<tool_call> \n\t<function=bash>\n\n<parameter=command>ls</parameter>  \n</function>\r\n</tool_call>"
+    spaced = ("<tool_call> \n\t<function=bash>\n\n<parameter=command>ls</parameter>  \n"
+              "</function>\r\n</tool_call>")
     assert parse_action(spaced) == Action("bash", "ls")
 
 
@@ -129,13 +131,15 @@ def test_parse_timeout():
     assert parse_action(render_bash("make", 1)) == Action("bash", "make", 1)
     assert parse_action(render_bash("make", 600)) == Action("bash", "make", 600)
     assert parse_action(bash_call(param("command", "make"), param("timeout", "030"))).timeout == 30
-    assert parse_action(bash_call(param("timeout", "5"), param("command", "make"))) == Action("bash", "make", 5)
+    reordered = bash_call(param("timeout", "5"), param("command", "make"))
+    assert parse_action(reordered) == Action("bash", "make", 5)
 
 
 @pytest.mark.parametrize("value", ["0", "601", "-5", "+5", " 30", "30 ", "3_0", "abc", "1.5", "",
                                    "\u0663", "9" * 5000, "10000000000"])
 def test_parse_bad_timeout(value):
-    assert parse_action(bash_call(param("command", "ls"), param("timeout", value))) == err(chat.BAD_TIMEOUT)
+    call = bash_call(param("command", "ls"), param("timeout", value))
+    assert parse_action(call) == err(chat.BAD_TIMEOUT)
 
 
 @pytest.mark.parametrize("text", ["", "just thinking, no call", "<tool_call", "<function=bash>ls</function>",
@@ -178,10 +182,11 @@ def test_parse_function_and_parameter_errors():
     assert parse_action(bash_call()) == err(chat.MISSING_COMMAND)
     assert parse_action(bash_call(param("timeout", "5"))) == err(chat.MISSING_COMMAND)
     assert parse_action(bash_call(param("cmd", "ls"))) == err(chat.UNKNOWN_PARAMETER)
-    assert parse_action(bash_call(param("command", "ls"), param("cwd", "/"))) == err(chat.UNKNOWN_PARAMETER)
-    assert parse_action(bash_call(param("command", "ls"), param("command", "pwd"))) == err(chat.DUPLICATE_PARAMETER)
-    assert parse_action(bash_call(param("command", "ls"), param("timeout", "1"), param("timeout", "1"))) == err(
-        chat.DUPLICATE_PARAMETER)
+    ls = param("command", "ls")
+    assert parse_action(bash_call(ls, param("cwd", "/"))) == err(chat.UNKNOWN_PARAMETER)
+    assert parse_action(bash_call(ls, param("command", "pwd"))) == err(chat.DUPLICATE_PARAMETER)
+    twice = bash_call(ls, param("timeout", "1"), param("timeout", "1"))
+    assert parse_action(twice) == err(chat.DUPLICATE_PARAMETER)
     for empty in ["", "\n", "\n\n", "   ", "\n \t\n"]:
         assert parse_action(bash_call(param("command", empty))) == err(chat.EMPTY_COMMAND)
 
@@ -213,6 +218,17 @@ def test_tools_description_shows_the_exact_call_format():
 # ---------------------------------------------------------------------------- observations
 
 
+def obs(output: bytes, cap: int, exit_code: int = 0, **kwargs) -> str:
+    return format_observation(output, exit_code, cap=cap, **kwargs)
+
+
+def cut(n: int) -> str:
+    return f"\n[... output truncated: {n} more bytes ...]"
+
+
+EXIT0 = "\n(exit_code=0)"
+
+
 @pytest.mark.parametrize("exit_code", [0, 1, 127, 255, -1])
 def test_observation_exit_codes(exit_code):
     assert format_observation(b"hi\n", exit_code, cap=100) == f"hi\n\n(exit_code={exit_code})"
@@ -220,63 +236,63 @@ def test_observation_exit_codes(exit_code):
 
 
 def test_observation_decoding_and_control_characters():
-    assert format_observation(b"ok", 0, cap=10) == "ok\n(exit_code=0)"
-    assert format_observation(b"\xff\xfeab\xe2\x82", 1, cap=10) == "\ufffd\ufffdab\ufffd\n(exit_code=1)"
-    assert format_observation("é€😀".encode(), 0, cap=10) == "é€😀\n(exit_code=0)"
-    assert format_observation(b"\xef\xbf\xbd", 0, cap=10) == "\ufffd\n(exit_code=0)"
+    assert obs(b"ok", cap=10) == "ok\n(exit_code=0)"
+    assert obs(b"\xff\xfeab\xe2\x82", cap=10, exit_code=1) == "\ufffd\ufffdab\ufffd\n(exit_code=1)"
+    assert obs("é€😀".encode(), cap=10) == "é€😀" + EXIT0
+    assert obs(b"\xef\xbf\xbd", cap=10) == "\ufffd" + EXIT0
     binary = b"\x7fELF\x02\x01\x00\x00\x03\x00>\x00\x01\x00\x00\x00"
-    assert format_observation(binary, 0, cap=100) == "\ufffdELF" + "\ufffd" * 6 + ">" + "\ufffd" * 5 + "\n(exit_code=0)"
+    assert obs(binary, cap=100) == "\ufffdELF" + "\ufffd" * 6 + ">" + "\ufffd" * 5 + EXIT0
     # Kept raw: tab, newline, carriage return and ANSI escape sequences.
     raw = b"a\tb\r\nprogress 10%\rprogress 100%\n\x1b[31mred\x1b[0m\n"
-    assert format_observation(raw, 0, cap=100) == raw.decode() + "\n(exit_code=0)"
-    assert format_observation(b"\x00\x07\x08\x0b\x0c\x1f", 0, cap=100) == "\ufffd" * 6 + "\n(exit_code=0)"
+    assert obs(raw, cap=100) == raw.decode() + EXIT0
+    assert obs(b"\x00\x07\x08\x0b\x0c\x1f", cap=100) == "\ufffd" * 6 + EXIT0
 
 
 def test_observation_truncation_boundaries():
-    assert format_observation(b"abcde", 0, cap=5) == "abcde\n(exit_code=0)"
-    assert format_observation(b"abcdef", 0, cap=5) == "abcde\n[... output truncated: 1 more bytes ...]\n(exit_code=0)"
-    assert format_observation(b"abcdefghij", 2, cap=3) == "abc\n[... output truncated: 7 more bytes ...]\n(exit_code=2)"
+    assert obs(b"abcde", cap=5) == "abcde\n(exit_code=0)"
+    assert obs(b"abcdef", cap=5) == "abcde\n[... output truncated: 1 more bytes ...]\n(exit_code=0)"
+    assert obs(b"abcdefghij", cap=3, exit_code=2) == "abc" + cut(7) + "\n(exit_code=2)"
     # Caps count characters; the marker counts the bytes that were not shown.
-    assert format_observation("aé".encode(), 0, cap=2) == "aé\n(exit_code=0)"
-    assert format_observation("aé".encode(), 0, cap=1) == "a\n[... output truncated: 2 more bytes ...]\n(exit_code=0)"
-    assert format_observation("€😀x".encode(), 0, cap=1) == "€\n[... output truncated: 5 more bytes ...]\n(exit_code=0)"
-    assert format_observation("€😀x".encode(), 0, cap=2) == "€😀\n[... output truncated: 1 more bytes ...]\n(exit_code=0)"
+    assert obs("aé".encode(), cap=2) == "aé" + EXIT0
+    assert obs("aé".encode(), cap=1) == "a" + cut(2) + EXIT0
+    assert obs("€😀x".encode(), cap=1) == "€" + cut(5) + EXIT0
+    assert obs("€😀x".encode(), cap=2) == "€😀" + cut(1) + EXIT0
     # A replaced run of invalid bytes is one character standing for all its bytes.
-    assert format_observation(b"a\xf0\x9f\x98b", 0, cap=2) == "a\ufffd\n[... output truncated: 1 more bytes ...]\n(exit_code=0)"
-    assert format_observation(b"ab\n", 0, cap=3) == "ab\n\n(exit_code=0)"
-    assert format_observation(b"ab\n", 0, cap=2) == "ab\n[... output truncated: 1 more bytes ...]\n(exit_code=0)"
-    assert format_observation(b"abc", 0, cap=0) == "\n[... output truncated: 3 more bytes ...]\n(exit_code=0)"
-    assert format_observation(b"", 0, cap=0) == "(no output)\n(exit_code=0)"
+    assert obs(b"a\xf0\x9f\x98b", cap=2) == "a\ufffd" + cut(1) + EXIT0
+    assert obs(b"ab\n", cap=3) == "ab\n" + EXIT0
+    assert obs(b"ab\n", cap=2) == "ab" + cut(1) + EXIT0
+    assert obs(b"abc", cap=0) == cut(3) + EXIT0
+    assert obs(b"", cap=0) == "(no output)" + EXIT0
 
 
 def test_observation_from_a_capped_capture():
     assert capture_bytes_for(0) == 0 and capture_bytes_for(10) == 40
     full = "😀".encode() * 10 + b"tail"
     prefix = full[:capture_bytes_for(3)]
-    expected = "😀😀😀\n[... output truncated: 32 more bytes ...]\n(exit_code=0)"
-    assert format_observation(full, 0, cap=3) == expected
-    assert format_observation(prefix, 0, cap=3, total_bytes=len(full)) == expected
-    assert format_observation(b"", 0, cap=0, total_bytes=9) == "\n[... output truncated: 9 more bytes ...]\n(exit_code=0)"
+    assert obs(full, cap=3) == "😀😀😀" + cut(32) + EXIT0
+    assert obs(prefix, cap=3, total_bytes=len(full)) == "😀😀😀" + cut(32) + EXIT0
+    assert obs(b"", cap=0, total_bytes=9) == cut(9) + EXIT0
     with pytest.raises(ValueError, match="a truncated capture needs 12 bytes, got 11"):
-        format_observation(full[:11], 0, cap=3, total_bytes=len(full))
+        obs(full[:11], cap=3, total_bytes=len(full))
     with pytest.raises(ValueError, match="total_bytes >= len"):
-        format_observation(b"abc", 0, cap=3, total_bytes=2)
+        obs(b"abc", cap=3, total_bytes=2)
     with pytest.raises(ValueError, match="cap >= 0"):
-        format_observation(b"abc", 0, cap=-1)
+        obs(b"abc", cap=-1)
 
 
 def test_observation_timeout_hides_partial_output():
-    assert format_observation(b"partial", 137, cap=100, timed_out=True, timeout_s=10) == (
+    assert obs(b"partial", cap=100, exit_code=137, timed_out=True, timeout_s=10) == (
         "(command timed out after 10 s)\n(exit_code=-1)")
-    assert format_observation(b"", 0, cap=100, timed_out=True, timeout_s=2.5) == (
+    assert obs(b"", cap=100, timed_out=True, timeout_s=2.5) == (
         "(command timed out after 2.5 s)\n(exit_code=-1)")
-    assert format_observation(b"x", 0, cap=1, timed_out=True) == "(command timed out)\n(exit_code=-1)"
+    assert obs(b"x", cap=1, timed_out=True) == "(command timed out)\n(exit_code=-1)"
 
 
 def test_error_observation_and_wrapping():
     assert error_observation(chat.NO_TOOL_CALL) == "Error: no tool call found"
     assert OBS_OPEN == "<tool_response>\n" and OBS_CLOSE == "\n</tool_response>"
-    assert wrap_observation("(no output)\n(exit_code=0)") == "<tool_response>\n(no output)\n(exit_code=0)\n</tool_response>"
+    assert wrap_observation("(no output)" + EXIT0) == (
+        "<tool_response>\n(no output)\n(exit_code=0)\n</tool_response>")
 
 
 def test_split_draft():
@@ -295,26 +311,27 @@ def test_split_draft():
 
 def test_normalize_draft_applies_the_real_rules():
     assert normalize_draft("hello\n(exit_code=0)", cap=100) == "hello\n(exit_code=0)"
-    assert normalize_draft("abcdef\n(exit_code=0)", cap=3) == "abc\n[... output truncated: 3 more bytes ...]\n(exit_code=0)"
-    assert normalize_draft("a€€\n(exit_code=0)", cap=2) == "a€\n[... output truncated: 3 more bytes ...]\n(exit_code=0)"
+    assert normalize_draft("abcdef" + EXIT0, cap=3) == (
+        "abc\n[... output truncated: 3 more bytes ...]\n(exit_code=0)")
+    assert normalize_draft("a€€" + EXIT0, cap=2) == "a€" + cut(3) + EXIT0
     # An over-long draft that already has a marker adds the cut bytes to it.
-    assert normalize_draft("abcd\n[... output truncated: 5 more bytes ...]\n(exit_code=0)", cap=3) == (
-        "abc\n[... output truncated: 6 more bytes ...]\n(exit_code=0)")
-    assert normalize_draft("a\x00b\udcff\x1b[0m\n(exit_code=1)", cap=100) == "a\ufffdb\ufffd\x1b[0m\n(exit_code=1)"
-    assert normalize_draft("\n(exit_code=0)", cap=100) == "(no output)\n(exit_code=0)"
-    assert normalize_draft("(no output)\n(exit_code=0)", cap=2) == "(no output)\n(exit_code=0)"
-    assert normalize_draft("(command timed out after 10 s)\n(exit_code=-1)", cap=2) == (
-        "(command timed out after 10 s)\n(exit_code=-1)")
+    assert normalize_draft("abcd" + cut(5) + EXIT0, cap=3) == "abc" + cut(6) + EXIT0
+    assert normalize_draft("a\x00b\udcff\x1b[0m\n(exit_code=1)", cap=100) == (
+        "a\ufffdb\ufffd\x1b[0m\n(exit_code=1)")
+    assert normalize_draft(EXIT0, cap=100) == "(no output)" + EXIT0
+    assert normalize_draft("(no output)" + EXIT0, cap=2) == "(no output)" + EXIT0
+    timeout = "(command timed out after 10 s)\n(exit_code=-1)"
+    assert normalize_draft(timeout, cap=2) == timeout
     # No exit code line: only normalised, so it can match no real body.
-    assert normalize_draft("abcdef", cap=3) == "abc\n[... output truncated: 3 more bytes ...]"
+    assert normalize_draft("abcdef", cap=3) == "abc" + cut(3)
     assert normalize_draft("", cap=3) == "(no output)"
 
 
 def random_output(rng: random.Random) -> bytes:
     pieces = [b"a", b"bc ", b"\n", b"\r", b"\t", b"\x1b[1;31m", b"\x00", b"\x07", b"\x7f", b"<tool_response>",
-              "é".encode(), "€".encode(), "😀".encode(), "😀".encode()[:2], "€".encode()[:1], b"\xef\xbf\xbd",
-              b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"(no output)", b"\n(exit_code=0)",
-              b"\n[... output truncated: 5 more bytes ...]", b"\n[... output truncated: 0 more bytes ...]",
+              "é".encode(), "€".encode(), "😀".encode(), "😀".encode()[:2], "€".encode()[:1],
+              b"\xef\xbf\xbd", b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+              b"(no output)", b"\n(exit_code=0)", cut(5).encode(), cut(0).encode(),
               b"\n[... output truncated: 05 more bytes ...]", b"(command timed out after 3 s)"]
     out = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
     if rng.random() < 0.3:
@@ -329,7 +346,8 @@ def test_real_bodies_are_fixed_points_of_normalize_draft():
     for _ in range(5000):
         output, cap = random_output(rng), rng.randint(0, 60)
         exit_code, timed_out = rng.choice([0, 1, 2, 127, 255, -1, -9]), rng.random() < 0.05
-        body = format_observation(output, exit_code, cap=cap, timed_out=timed_out, timeout_s=rng.choice([None, 5, 1.5]))
+        timeout_s = rng.choice([None, 5, 1.5])
+        body = obs(output, cap=cap, exit_code=exit_code, timed_out=timed_out, timeout_s=timeout_s)
         assert normalize_draft(body, cap=cap) == body, (output, cap)
 
 
@@ -345,7 +363,8 @@ def test_capture_prefix_gives_the_same_body_as_the_full_output():
 def test_decoding_matches_errors_replace_and_counts_every_byte():
     rng = random.Random(5)
     for _ in range(3000):
-        output = bytes(rng.choice(b"\x80\xbf\xc2\xe0\xed\xef\xf0\xf4\xf5\xffAz") for _ in range(rng.randint(1, 20)))
+        alphabet = b"\x80\xbf\xc2\xe0\xed\xef\xf0\xf4\xf5\xffAz"
+        output = bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 20)))
         text = output.decode("utf-8", "replace")
         assert format_observation(output, 0, cap=100) == text + "\n(exit_code=0)"
         for cap in range(len(text)):  # the marker must count exactly the bytes behind the cut characters

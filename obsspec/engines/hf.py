@@ -38,6 +38,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest
 from obsspec.engines.kv_batch import DecodeBatch, sample_token
+from obsspec.engines.lora import LoraAdapters
 
 
 def load_model(name_or_path: str | os.PathLike[str], *, dtype: Any = "auto", device: str = "cpu"):
@@ -142,15 +143,12 @@ class HFEngine:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
-        self.model = model.to(self.device).eval()
+        self.adapters = LoraAdapters(model.to(self.device).eval())
         self.tokenizer = tokenizer
         self.batch_invariant = batch_invariant
         self.max_batch_size = max_batch_size
         self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         self.stats = EngineStats()
-        self._user_peft = hasattr(model, "peft_config")
-        self._adapters: set[str] = set()
-        self._active_adapter: object = None  # what the model computes with right now
         self._cond = threading.Condition()
         self._inbox: list[_Running] = []  # guarded by _cond
         self._commands: list[_AdapterCommand] = []  # guarded by _cond
@@ -209,8 +207,6 @@ class HFEngine:
         await self._command("unload", name, None)
 
     async def _command(self, kind: str, name: str, path: str | None) -> None:
-        if self._user_peft:
-            raise ValueError("this engine serves a PEFT model as given; pass its base model instead")
         loop = asyncio.get_running_loop()
         command = _AdapterCommand(kind, name, path, loop, loop.create_future())
         with self._cond:
@@ -226,6 +222,11 @@ class HFEngine:
             self._cond.notify()
         if threading.current_thread() is not self._thread:
             self._thread.join()
+
+    @property
+    def model(self) -> Any:
+        """The model being served (a PEFT wrapper of the one given, once adapters are loaded)."""
+        return self.adapters.model
 
     async def __aenter__(self) -> HFEngine:
         return self
@@ -265,53 +266,25 @@ class HFEngine:
                 self._commands.remove(command)
             error: BaseException | None = None
             try:
-                self._apply_adapter_command(command)
+                if command.kind == "load":
+                    self.adapters.load(command.name, command.path)
+                else:
+                    self.adapters.unload(command.name)
             except Exception as exc:  # reported to the caller of load/unload_adapter
                 error = exc
-            self._active_adapter = object()  # unknown: set it again before the next forward
             _resolve_soon(command.loop, command.future, None, error)
-
-    def _apply_adapter_command(self, command: _AdapterCommand) -> None:
-        from peft import PeftModel
-
-        name = command.name
-        if command.kind == "unload":
-            if name not in self._adapters:
-                raise KeyError(f"no adapter named {name!r} is loaded")
-            self.model.delete_adapter(name)
-            self._adapters.discard(name)
-        elif not isinstance(self.model, PeftModel):
-            self.model = PeftModel.from_pretrained(self.model, command.path, adapter_name=name)
-            self.model.eval()
-            self._adapters.add(name)
-        else:
-            if name in self._adapters:
-                self.model.delete_adapter(name)
-                self._adapters.discard(name)
-            self.model.load_adapter(command.path, adapter_name=name)
-            self._adapters.add(name)
-
-    def _use_adapter(self, name: str | None) -> None:
-        if name == self._active_adapter or self._user_peft or not self._adapters:
-            self._active_adapter = name
-            return
-        if name is None:
-            self.model.base_model.disable_adapter_layers()
-        else:
-            self.model.base_model.enable_adapter_layers()
-            self.model.set_adapter(name, inference_mode=True)
-        self._active_adapter = name
 
     def _drop_cancelled(self) -> None:
         for running in [r for r in self._waiting if r.gone]:
             self._waiting.remove(running)
             self._finish_cancelled(running)
         for batch in self._batches:
-            if any(r.gone for r in batch.rows):
-                for running in batch.rows:
-                    if running.gone:
+            gone = [r.gone for r in batch.rows]  # one reading: the flags change concurrently
+            if any(gone):
+                for running, is_gone in zip(batch.rows, gone):
+                    if is_gone:
                         self._finish_cancelled(running)
-                batch.keep([i for i, r in enumerate(batch.rows) if not r.gone])
+                batch.keep([i for i, is_gone in enumerate(gone) if not is_gone])
         self._batches = [b for b in self._batches if b.rows]
 
     def _admit(self) -> None:
@@ -344,11 +317,9 @@ class HFEngine:
                 f"prompt of {len(request.prompt_ids)} tokens exceeds the model's "
                 f"{self.max_positions} positions"
             )
-        if request.adapter is not None and request.adapter not in self._adapters:
-            raise KeyError(f"adapter {request.adapter!r} is not loaded; call load_adapter first")
         if not request.greedy:
             r.generator = torch.Generator(device=self.device).manual_seed(request.seed)
-        self._use_adapter(request.adapter)
+        self.adapters.use(request.adapter)
         cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([request.prompt_ids], device=self.device)
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -369,7 +340,7 @@ class HFEngine:
 
     def _decode(self) -> None:
         for batch in self._batches:
-            self._use_adapter(batch.adapter)
+            self.adapters.use(batch.adapter)
             try:
                 logits = batch.forward(self.model)
             except Exception as exc:

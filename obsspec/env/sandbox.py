@@ -34,9 +34,11 @@ import signal
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+
+from obsspec.chat import capture_bytes_for
 
 NOBODY = 65534
 SANDBOX_UID = 1000
@@ -52,33 +54,32 @@ class SandboxUnavailable(SandboxError):
     """bubblewrap is not installed (or cannot create namespaces) on this machine."""
 
 
+def _doc(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class SandboxConfig:
     """How episodes are isolated and limited. Every field is a recipe key under `sandbox:`."""
 
-    isolation: str = "bwrap"
-    """'bwrap' (default) or 'none': run commands unsandboxed on the host (explicit opt-in only)."""
-    timeout_s: float = 30.0
-    """Per-command timeout; the command and everything it started are killed."""
-    output_cap: int = 8192
-    """Characters of output an observation keeps; the rest is cut with a marker."""
-    memory_mb: int = 4096
-    """Address-space limit per process (ulimit -v), in MiB."""
-    max_procs: int = 256
-    """Process limit for the whole episode (RLIMIT_NPROC in the episode's user namespace)."""
-    max_file_mb: int = 1024
-    """Largest file a command may write (ulimit -f), in MiB."""
-    tmp_mb: int = 512
-    """Size of the episode's /tmp (a tmpfs), in MiB."""
-    deterministic: bool = True
-    """Pin clock, file times, hostname, user, locale (see module docstring)."""
-    clock_start: int = 1_704_067_200
-    """The logical clock at the start of every episode (epoch seconds; 2024-01-01T00:00:00Z)."""
-    turn_seconds: int = 60
-    """How far the logical clock moves per command."""
-    hostname: str = "sandbox"
-    workspace_root: str = ""
-    """Host directory under which episode workspaces are created ('' = the system temp dir)."""
+    isolation: str = _doc("bwrap", "'bwrap' (default) or 'none': run commands UNSANDBOXED on "
+                                   "this host (explicit opt-in only; warns).")
+    timeout_s: float = _doc(30.0, "Per-command timeout, seconds; the command and everything it "
+                                  "started are killed, the shell state survives.")
+    output_cap: int = _doc(4096, "Characters of output an observation keeps; the rest is cut "
+                                 "with a marker.")
+    memory_mb: int = _doc(4096, "Address-space limit per process (ulimit -v), MiB.")
+    max_procs: int = _doc(256, "Process limit for the whole episode (RLIMIT_NPROC in its own "
+                               "user namespace).")
+    max_file_mb: int = _doc(1024, "Largest file a command may write (ulimit -f), MiB.")
+    tmp_mb: int = _doc(512, "Size of the episode's /tmp (a tmpfs), MiB.")
+    deterministic: bool = _doc(True, "Pin clock, file times, hostname, user and locale.")
+    clock_start: int = _doc(1_704_067_200, "Logical clock at episode start, epoch seconds "
+                                           "(2024-01-01T00:00:00Z).")
+    turn_seconds: int = _doc(60, "How far the logical clock moves per command, seconds.")
+    hostname: str = _doc("sandbox", "Hostname inside the sandbox.")
+    workspace_root: str = _doc("", "Host directory under which episode workspaces are created "
+                                   "('' = the system temp dir).")
 
     def __post_init__(self) -> None:
         if self.isolation not in ("bwrap", "none"):
@@ -143,11 +144,6 @@ def check_bwrap() -> str:
             "(or `make install`), or set sandbox.isolation=none to run commands unsandboxed"
         )
     return path
-
-
-def capture_bytes_for(cap: int) -> int:
-    # A UTF-8 character is at most 4 bytes: this many bytes always hold `cap` characters.
-    return cap * 4 + 4
 
 
 # ---------------------------------------------------------------------------------------------

@@ -113,3 +113,45 @@ def verify_files(expected: dict[str, str]) -> str:
 def distinct_counts(rng: random.Random, top: int, lo: int, hi: int) -> list[int]:
     """`top` distinct counts in [lo, hi], largest first (so rankings have no ties)."""
     return sorted(rng.sample(range(lo, hi + 1), top), reverse=True)
+
+
+_NUMBERS_BODY = r"""
+import re
+try:
+    raw = open(PATH, encoding="utf-8", errors="replace").read()
+except OSError:
+    sys.exit(f"{PATH} is missing")
+got = []
+for line in raw.splitlines():
+    parts = [p for p in re.split(r"[\s,]+", line) if p]
+    if not parts:
+        continue
+    try:
+        got.append((" ".join(parts[:-1]), float(parts[-1])))
+    except ValueError:
+        sys.exit(f"not a number at the end of: {line!r}")
+keys = [k for k, _ in got]
+want = [k for k, _ in EXPECTED]
+if ORDER == "sorted":
+    by_sort = subprocess.run(["sort"], input="\n".join(want) + "\n", text=True,
+                             capture_output=True).stdout.splitlines()
+    ok_keys = keys in (sorted(want), by_sort)
+else:
+    ok_keys = keys == want
+if not ok_keys:
+    sys.exit(f"expected keys {want}, got {keys}")
+for (k, v), (_, w) in zip(got, EXPECTED):
+    if abs(v - w) > TOL:
+        sys.exit(f"{k}: expected {w}, got {v}")
+"""
+
+
+def verify_numbers(path: str, expected: list[tuple[str, float]], tol: float = 1e-6,
+                   order: str = "exact") -> str:
+    """Verifier: `path` has lines `<key> <number>` (blank- or comma-separated) matching
+    `expected` within `tol`. A key may be "" for a file holding one bare number.
+    order: "exact" (as given) or "sorted" (by key: code-point order or `sort`'s locale order).
+    """
+    assert order in ("exact", "sorted")
+    return _python_check(_NUMBERS_BODY, PATH=path, EXPECTED=[(k, float(v)) for k, v in expected],
+                         ORDER=order, TOL=tol)

@@ -19,13 +19,14 @@ def generate(rng: random.Random, task_id: str) -> Task:
     want: dict[str, str] = {}  # path -> expected final mode
     asks, sols = [], []
     kinds = rng.sample(["scripts", "secrets", "shared", "shebang"], rng.randint(2, 3))
-    dirs = iter(unique_words(rng, 4, ["bin", "scripts", "secrets", "keys", "shared", "public", "tools", "hooks"]))
+    pools = {"scripts": ["bin", "scripts", "deploy"], "secrets": ["secrets", "keys", "certs"],
+             "shared": ["shared", "public", "uploads"], "shebang": ["tools", "hooks", "utils"]}
 
     def add(path: str, text: str, mode0: str, mode1: str) -> None:
         files[path], start[path], want[path] = text, mode0, mode1
 
     for kind in kinds:
-        d = next(dirs)
+        d = rng.choice(pools[kind])
         names = unique_words(rng, rng.randint(3, 5))
         if kind == "scripts":
             for n in names:

@@ -24,11 +24,11 @@ def _host_files(rng: random.Random, old: str, others: list[str]) -> list[str]:
     fillers = ["timeout = {p}", "retries: {v}", "log_level = info", "enabled: true",
                "# managed by ops, do not edit by hand", "user = {w}"]
     lines = []
-    for _ in range(rng.randint(3, 8)):
-        tpl = rng.choice(templates if rng.random() < 0.5 else fillers)
+    for tpl in rng.sample(templates, rng.randint(1, 4)) + rng.sample(fillers, rng.randint(1, 4)):
         h = old if rng.random() < 0.6 else rng.choice(others)
         lines.append(tpl.format(h=h, p=rng.randint(80, 9000), v=rng.randint(1, 5),
                                 w=rng.choice(WORDS)))
+    rng.shuffle(lines)
     return lines
 
 
@@ -37,7 +37,7 @@ def _code_lines(rng: random.Random, old: str) -> list[str]:
     pool = [f"{old} = load_{w}()", f"result = compute({old}, {w})", f"print({old}_total)",
             f"def get_{old}():", f"    return self.{old}", f"log.info('%s', {old})",
             f"{w}_{old} = {old} + 1", f"if {old} > {rng.randint(1, 99)}:", f"{w} = {rng.randint(1, 9)}"]
-    return [rng.choice(pool) for _ in range(rng.randint(4, 9))]
+    return rng.sample(pool, rng.randint(4, len(pool)))
 
 
 def generate(rng: random.Random, task_id: str) -> Task:

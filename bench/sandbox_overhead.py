@@ -1,0 +1,95 @@
+"""Sandbox overhead: what a command costs in an obsspec sandbox against plain subprocess.
+
+    .venv/bin/python bench/sandbox_overhead.py [--n 200] [--plot out.png]
+
+Prints JSON with medians (ms) for running `true`:
+- `subprocess_bash`:  `bash -c true` with subprocess, no sandbox (the baseline, same run)
+- `episode_command`:  one command in a running episode (persistent shell, restamping, faketime)
+- `fresh_sandbox`:    start a sandbox, run `true`, close it (episode setup + one command)
+- `episode_setup`:    start() alone with a 10-file workspace and a small setup script
+and the ratios to the baseline. Machines are noisy: compare ratios, not absolute numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import time
+
+from obsspec.env.sandbox import Sandbox, SandboxConfig
+
+FILES = {f"dir{i % 3}/file{i}.txt": f"line {i}\n" * 20 for i in range(10)}
+
+
+def median_ms(samples: list[float]) -> float:
+    return round(1000 * statistics.median(samples), 3)
+
+
+async def measure(n: int, deterministic: bool) -> dict:
+    cfg = SandboxConfig(deterministic=deterministic)
+    plain = []
+    for _ in range(n):
+        t = time.perf_counter()
+        subprocess.run(["bash", "-c", "true"], check=True)
+        plain.append(time.perf_counter() - t)
+
+    in_episode = []
+    async with Sandbox(cfg) as sb:
+        await sb.start()
+        for _ in range(n):
+            in_episode.append((await sb.run("true")).seconds)
+
+    fresh, setup = [], []
+    for _ in range(max(10, n // 5)):
+        t = time.perf_counter()
+        sb = Sandbox(cfg)
+        await sb.start(files=FILES, setup="mkdir -p build && echo ok > build/stamp")
+        setup.append(time.perf_counter() - t)
+        await sb.run("true")
+        await sb.close()
+        fresh.append(time.perf_counter() - t)
+
+    base = median_ms(plain)
+    result = {
+        "subprocess_bash_ms": base,
+        "episode_command_ms": median_ms(in_episode),
+        "fresh_sandbox_ms": median_ms(fresh),
+        "episode_setup_ms": median_ms(setup),
+    }
+    result["episode_command_ratio"] = round(result["episode_command_ms"] / base, 2)
+    result["fresh_sandbox_ratio"] = round(result["fresh_sandbox_ms"] / base, 2)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=200, help="commands per measurement")
+    ap.add_argument("--plot", default="", help="write a bar chart to this PNG")
+    args = ap.parse_args()
+    out = {
+        "deterministic": asyncio.run(measure(args.n, True)),
+        "non_deterministic": asyncio.run(measure(args.n, False)),
+    }
+    print(json.dumps(out, indent=2))
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        keys = ["subprocess_bash_ms", "episode_command_ms", "episode_setup_ms", "fresh_sandbox_ms"]
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        for i, mode in enumerate(out):
+            ax.bar([k + i * 0.4 for k in range(len(keys))], [out[mode][k] for k in keys], 0.4, label=mode)
+        ax.set_xticks([k + 0.2 for k in range(len(keys))], [k.replace("_ms", "") for k in keys], fontsize=8)
+        ax.set_ylabel("median ms")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Scripted episodes: run a fixed list of commands for a task in a fresh sandbox.
+
+Used to validate tasks (reference solution must pass, doing nothing must fail), to record the
+reference trajectories that world models and warm starts train on, and by `obsspec shell -c`.
+Each command's observation is formatted exactly as the agent sees it (obsspec.chat).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from obsspec import chat
+from obsspec.env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError
+from obsspec.env.task import Task
+
+
+@dataclass
+class Step:
+    command: str
+    observation: str  # the observation body, exactly as the agent sees it
+    exit_code: int
+    seconds: float = field(default=0.0, compare=False)  # real tool latency (not deterministic)
+
+
+@dataclass
+class EpisodeRecord:
+    task_id: str
+    steps: list[Step]
+    reward: float | None  # None when the episode hit an infrastructure failure
+    infra_error: str = ""
+
+    def to_dict(self, with_timing: bool = False) -> dict:
+        d = asdict(self)
+        if not with_timing:
+            for s in d["steps"]:
+                s.pop("seconds")
+        return d
+
+
+def observation(result: ExecResult, config: SandboxConfig) -> str:
+    """The observation body for one command result (DESIGN.md section 4)."""
+    return chat.format_observation(
+        result.output, result.exit_code, timed_out=result.timed_out, timeout_s=config.timeout_s,
+        cap=config.output_cap, total_bytes=result.total_bytes,
+    )
+
+
+async def start_sandbox(task: Task, config: SandboxConfig) -> Sandbox:
+    sandbox = Sandbox(config, workdir=task.workdir)
+    try:
+        await sandbox.start(files=task.files, setup=task.setup)
+    except BaseException:
+        await sandbox.close()
+        raise
+    return sandbox
+
+
+async def run_scripted(task: Task, commands: list[str], config: SandboxConfig,
+                       verify: bool = True) -> EpisodeRecord:
+    """Run `commands` in a fresh sandbox for `task`, then its verifier. Never raises for a
+    sandbox failure: the record carries `infra_error` and `reward=None` instead."""
+    steps: list[Step] = []
+    try:
+        sandbox = await start_sandbox(task, config)
+    except SandboxError as e:
+        return EpisodeRecord(task.task_id, steps, None, f"setup: {e}")
+    try:
+        for command in commands:
+            result = await sandbox.run(command)
+            steps.append(Step(command, observation(result, config), result.exit_code, result.seconds))
+        reward = await sandbox.verify(task.verify, task.verify_files) if verify else None
+        return EpisodeRecord(task.task_id, steps, reward)
+    except SandboxError as e:
+        return EpisodeRecord(task.task_id, steps, None, str(e))
+    finally:
+        await sandbox.close()

@@ -1,0 +1,297 @@
+"""Import Harbor (Terminal-Bench 2) task folders as obsspec `Task`s, without Docker.
+
+    report = import_harbor("datasets/my-bench")   # a folder of task folders, or one task folder
+    for name, why in report.skipped:
+        print(f"skipped {name}: {why}")
+    tasks = report.tasks                          # list[Task], in folder-name order
+
+How a Harbor task folder maps onto a `Task`:
+
+    count-words/                    Task(task_id="harbor-count-words",
+      task.toml                          family="harbor:" + [metadata] category (else "uncategorised"),
+      instruction.md          ->         instruction=<instruction.md, stripped>,
+      environment/setup.sh    ->         setup=<setup.sh>  (run with cwd = workdir, before the agent),
+      environment/data.txt    ->         files={"data.txt": ...}  (same relative path in the workspace),
+      environment/Dockerfile  ->         workdir=<its last WORKDIR, else "/app">,
+      solution/solve.sh       ->         solution=[<solve.sh>]  (one multi-line bash command; [] if none),
+      tests/test.sh, tests/*  ->         verify="cd <workdir> && bash /tests/test.sh; ...",
+                                         verify_files={"test.sh": ..., "expected": ...},
+                                         source="harbor:/abs/path/count-words")
+
+Decisions:
+- There is no Docker here. `environment/setup.sh` (our extension) stands in for the image: when it
+  exists the Dockerfile is read only for WORKDIR, and its RUN/COPY lines are NOT executed, so
+  setup.sh must do their work. Other files of environment/ are copied into the workspace at the
+  same relative path, whatever the Dockerfile's COPY said. A task that needs an image (Dockerfile,
+  docker-compose or `[environment] docker_image`) and has no setup.sh is skipped.
+- Rewards: the sandbox reads /logs/verifier/reward.txt; a verifier that writes reward.json instead
+  (`{"reward": x}`) has it converted by the verify script. `[verifier] env` is exported for test.sh.
+- `[verifier] timeout_sec` has no Task field: it is returned in `ImportReport.timeouts`. Other
+  settings (agent timeout, cpus, memory, internet, build timeout) are ignored.
+- A malformed task folder never raises: it becomes a `skipped` entry with a one-line reason.
+  `HarborImportError` means the path itself is wrong (missing, or holds no task folder at all).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from obsspec.env.task import Task
+
+MAX_TASK_BYTES = 5 * 1024 * 1024
+DEFAULT_WORKDIR = "/app"  # what Harbor images usually use
+DOCKER_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml")
+NOT_COPIED = {*DOCKER_FILES, ".dockerignore", "setup.sh"}  # environment/ files that stay out of the workspace
+TASK_MARKERS = ("task.toml", "instruction.md", "tests", "environment", "solution")
+# The sandbox cannot mount the workspace under these (read-only system dirs and its own mounts).
+RESERVED_DIRS = ("/usr", "/etc", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+                 "/tests", "/logs")
+
+# Run after test.sh; Harbor verifiers may write reward.json where the sandbox reads reward.txt.
+REWARD_JSON_TO_TXT = """\
+if [ ! -f /logs/verifier/reward.txt ] && [ -f /logs/verifier/reward.json ]; then
+  python3 - <<'EOF'
+import json
+try:
+    data = json.load(open("/logs/verifier/reward.json"))
+    if isinstance(data, dict):
+        data = data.get("reward", next(iter(data.values())) if len(data) == 1 else None)
+    reward = float(data)
+except Exception:  # an unreadable reward is no reward
+    reward = 0.0
+open("/logs/verifier/reward.txt", "w").write(f"{reward}\\n")
+EOF
+fi
+"""
+
+
+class HarborImportError(ValueError):
+    """The path given is not a Harbor task folder nor a folder of them."""
+
+
+@dataclass
+class ImportReport:
+    tasks: list[Task] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """(folder name, one-line reason) for every task folder that could not be imported."""
+    timeouts: dict[str, float] = field(default_factory=dict)
+    """task_id -> the task's `[verifier] timeout_sec`, where task.toml sets one."""
+
+
+class _Skip(Exception):
+    """This task folder cannot be imported; the message says why, in one line."""
+
+
+def import_harbor(path: str | os.PathLike) -> ImportReport:
+    """Import one Harbor task folder, or every task folder directly inside `path` (by name)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise HarborImportError(f"{path}: no such directory (expected a Harbor task folder "
+                                f"or a folder of them)")
+    if any((root / m).exists() for m in ("task.toml", "instruction.md", "tests/test.sh")):
+        folders = [root]
+    else:
+        folders = sorted(c for c in root.iterdir() if c.is_dir() and not c.name.startswith("."))
+        if not any((c / m).exists() for c in folders for m in TASK_MARKERS):
+            raise HarborImportError(f"{path}: no Harbor task folders in it (a task folder holds "
+                                    f"task.toml, instruction.md and tests/test.sh)")
+    report, owner = ImportReport(), {}
+    for folder in folders:
+        try:
+            task, timeout = _import_task(folder)
+            if task.task_id in owner:  # two names can sanitise to the same id
+                raise _Skip(f"task id {task.task_id!r} is already taken by {owner[task.task_id]}")
+        except _Skip as e:
+            report.skipped.append((folder.name, str(e)))
+            continue
+        owner[task.task_id] = folder.name
+        report.tasks.append(task)
+        if timeout is not None:
+            report.timeouts[task.task_id] = timeout
+    return report
+
+
+def _import_task(folder: Path) -> tuple[Task, float | None]:
+    folder = folder.resolve()
+    for rel, what in [("task.toml", "its configuration"), ("instruction.md", "the prompt"),
+                      ("tests/test.sh", "the verifier entry point")]:
+        if not (folder / rel).is_file():
+            raise _Skip(f"missing {rel} ({what})")
+    _check_tree(folder)  # before reading anything: a symlink could point at host secrets
+    try:
+        config = tomllib.loads(_text(folder, "task.toml"))
+    except tomllib.TOMLDecodeError as e:  # its message says which line and column
+        raise _Skip(f"invalid task.toml: {e}") from None
+    instruction = _text(folder, "instruction.md").strip()
+    if not instruction:
+        raise _Skip("instruction.md is empty")
+    slug = _slug(folder.name)
+    if not slug:
+        raise _Skip("folder name has no letters or digits to make a task id from")
+    category = _table(config, "metadata").get("category") or "uncategorised"
+    if not isinstance(category, str):
+        raise _Skip("task.toml: metadata.category must be a string")
+    timeout = _table(config, "verifier").get("timeout_sec")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or timeout <= 0):
+        raise _Skip(f"task.toml: verifier.timeout_sec must be a positive number, not {timeout!r}")
+    files, setup, workdir = _environment(folder, _table(config, "environment"))
+    task = Task(
+        task_id=f"harbor-{slug}", family=f"harbor:{_slug(category) or 'uncategorised'}",
+        instruction=instruction, solution=_solution(folder, _env(config, "solution")),
+        verify=_verify_script(workdir, _env(config, "verifier")),
+        verify_files=_tree(folder, "tests"), files=files, setup=setup, workdir=workdir,
+        source=f"harbor:{folder}",
+    )
+    return task, None if timeout is None else float(timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# The parts of a task
+
+
+def _environment(folder: Path, config: dict) -> tuple[dict[str, str], str, str]:
+    """(files, setup, workdir) from environment/; skips tasks that only Docker could build."""
+    env = folder / "environment"
+    docker = [name for name in DOCKER_FILES if (env / name).is_file()]
+    if not (env / "setup.sh").is_file():
+        if docker:
+            listed = " and ".join(f"environment/{name}" for name in docker)
+            raise _Skip(f"needs Docker ({listed} only; add environment/setup.sh to run it "
+                        f"without Docker)")
+        if config.get("docker_image"):
+            raise _Skip(f"needs Docker (image {config['docker_image']!r} in task.toml; add "
+                        f"environment/setup.sh to run it without Docker)")
+    if not env.is_dir():
+        return {}, "", DEFAULT_WORKDIR
+    setup = _text(folder, "environment/setup.sh") if (env / "setup.sh").is_file() else ""
+    workdir = DEFAULT_WORKDIR
+    if "Dockerfile" in docker:
+        workdir = _dockerfile_workdir(_text(folder, "environment/Dockerfile"))
+    return _tree(folder, "environment", exclude=NOT_COPIED), setup, workdir
+
+
+def _dockerfile_workdir(text: str) -> str:
+    workdir = DEFAULT_WORKDIR
+    for line in text.replace("\\\n", " ").splitlines():
+        word, arg = (line.split(None, 1) + ["", ""])[:2]
+        arg = arg.strip().strip("\"'")
+        if word.upper() == "FROM":
+            workdir = DEFAULT_WORKDIR  # every build stage starts from its base image's
+        elif word.upper() == "WORKDIR" and arg:
+            if "$" in arg:
+                raise _Skip(f"environment/Dockerfile: WORKDIR {arg} uses a variable we cannot "
+                            f"resolve without Docker")
+            workdir = posixpath.normpath(posixpath.join(workdir, arg))  # relative: to the last
+    if workdir == "/" or any(workdir == d or workdir.startswith(d + "/") for d in RESERVED_DIRS):
+        raise _Skip(f"environment/Dockerfile: WORKDIR {workdir} cannot be the sandbox workspace")
+    return workdir
+
+
+def _solution(folder: Path, env: dict[str, str]) -> list[str]:
+    if not (folder / "solution/solve.sh").is_file():
+        return []  # still importable; prepare-tasks reports that it cannot be validated
+    script = _text(folder, "solution/solve.sh")
+    others = [rel for rel in _names(folder / "solution") if rel != "solve.sh"]
+    used = [rel for rel in others if posixpath.basename(rel) in script]
+    if used or (others and "/solution" in script):
+        raise _Skip(f"solution/solve.sh needs other files of solution/ "
+                    f"({', '.join(used or others)}); only a self-contained solve.sh is supported")
+    if not script.strip():
+        return []
+    return [_exports(env) + script]
+
+
+def _verify_script(workdir: str, env: dict[str, str]) -> str:
+    return (f"{_exports(env)}cd {shlex.quote(workdir)} || exit 1\nbash /tests/test.sh\n"
+            f"status=$?\n{REWARD_JSON_TO_TXT}exit $status\n")
+
+
+def _env(config: dict, section: str) -> dict[str, str]:
+    env = _table(config, section).get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise _Skip(f"task.toml: {section}.env must be a table of strings")
+    for key, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise _Skip(f"task.toml: {section}.env has an invalid variable name {key!r}")
+        if "${" in value:  # Harbor fills these from the host (API keys): nothing to fill them with
+            raise _Skip(f"task.toml: {section}.env.{key} needs a host variable ({value})")
+    return env
+
+
+def _exports(env: dict[str, str]) -> str:
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+
+
+def _table(config: dict, key: str) -> dict:
+    value = config.get(key, {})
+    if not isinstance(value, dict):
+        raise _Skip(f"task.toml: [{key}] must be a table")
+    return value
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading files safely
+
+
+def _check_tree(folder: Path) -> None:
+    """Skip folders with symlinks leaving the folder, or more than MAX_TASK_BYTES of files."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=_unreadable):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, folder)
+            if os.path.islink(path):
+                target = os.path.realpath(path)
+                if os.path.commonpath([target, folder]) != str(folder):
+                    raise _Skip(f"{rel} is a symlink pointing outside the task folder "
+                                f"(to {os.readlink(path)})")
+                if not os.path.exists(target):
+                    raise _Skip(f"{rel} is a broken symlink")
+                if os.path.isdir(target):
+                    raise _Skip(f"{rel} is a symlink to a directory (not supported)")
+            elif name in filenames:
+                total += os.lstat(path).st_size
+    if total > MAX_TASK_BYTES:
+        raise _Skip(f"files too large ({total / 2**20:.1f} MB > {MAX_TASK_BYTES // 2**20} MB total)")
+
+
+def _unreadable(error: OSError) -> None:
+    raise _Skip(f"cannot read {error.filename}: {error.strerror}")
+
+
+def _names(base: Path) -> list[str]:
+    """Relative paths of every file under `base`, sorted."""
+    found = []
+    for dirpath, _, filenames in os.walk(base, onerror=_unreadable):
+        found += [os.path.relpath(os.path.join(dirpath, n), base) for n in filenames]
+    return sorted(found)
+
+
+def _tree(folder: Path, sub: str, exclude: set[str] | tuple = ()) -> dict[str, str]:
+    """Every file under folder/sub as text, keyed by its path relative to sub."""
+    return {rel: _text(folder, f"{sub}/{rel}")
+            for rel in _names(folder / sub) if rel not in exclude}
+
+
+def _text(folder: Path, rel: str) -> str:
+    try:
+        data = (folder / rel).read_bytes()
+    except OSError as e:
+        raise _Skip(f"cannot read {rel}: {e.strerror}") from None
+    if b"\0" in data:
+        raise _Skip(f"{rel} is a binary file (tasks hold text files only)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _Skip(f"{rel} is not UTF-8 text (byte {e.start})") from None

@@ -1,0 +1,241 @@
+"""Task suites: generate, import, validate and write them (`obsspec prepare-tasks`).
+
+    summary = asyncio.run(prepare_tasks(recipe, out_dir="runs/tasks", display=NullDisplay()))
+
+Output (under `out_dir`):
+- `train.jsonl`, `val.jsonl`    one Task per line (`datasets.load_dataset("json", ...)` reads them)
+- `trajectories.jsonl`           the reference solutions with their real observations
+- `manifest.json`                counts per family, content hashes, dropped instances and why
+- `determinism.json`             commands whose observations differed between two fresh runs
+- `summary.json`                 key figures, including timings (the only non-reproducible file)
+Same seed, same output: every file but summary.json is byte-identical across runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from obsspec.config import Recipe, TasksConfig
+from obsspec.env.episode import EpisodeRecord, run_scripted
+from obsspec.env.families import all_families
+from obsspec.env.sandbox import SandboxConfig
+from obsspec.env.task import Task
+from obsspec.ui.display import Display
+
+
+class TaskNotFound(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation
+
+
+def instance_seed(seed: int, family: str, index: int) -> int:
+    """A stable per-instance seed (independent of Python's hash randomisation)."""
+    digest = hashlib.sha256(f"{seed}/{family}/{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def builtin_task(family: str, index: int, seed: int = 0) -> Task:
+    families = all_families()
+    if family not in families:
+        raise TaskNotFound(f"unknown task family {family!r} (known: {', '.join(sorted(families))})")
+    return families[family](random.Random(instance_seed(seed, family, index)), f"{family}-{index:05d}")
+
+
+def task_by_id(task_id: str, seed: int = 0) -> Task:
+    """Rebuild a built-in task from its id, e.g. 'find-by-name-00003'."""
+    family, _, index = task_id.rpartition("-")
+    if not family or not index.isdigit():
+        raise TaskNotFound(f"not a built-in task id: {task_id!r} (expected FAMILY-NNNNN)")
+    return builtin_task(family, int(index), seed)
+
+
+def generate_builtin(cfg: TasksConfig) -> tuple[list[Task], list[dict]]:
+    """`cfg.num_instances` tasks spread evenly over the families; exact duplicates dropped."""
+    families = all_families()
+    names = list(cfg.families) or sorted(families)
+    unknown = [n for n in names if n not in families]
+    if unknown:
+        raise TaskNotFound(f"unknown task family {unknown[0]!r} (known: {', '.join(sorted(families))})")
+    tasks, dropped, seen = [], [], {}
+    for i in range(cfg.num_instances):
+        family, index = names[i % len(names)], i // len(names)
+        task = builtin_task(family, index, cfg.seed)
+        key = _identity(task)
+        if key in seen:
+            dropped.append({"task_id": task.task_id, "reason": f"duplicate of {seen[key]}"})
+            continue
+        seen[key] = task.task_id
+        tasks.append(task)
+    return tasks, dropped
+
+
+def _identity(task: Task) -> str:
+    d = task.to_dict()
+    d.pop("task_id")
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def split(tasks: list[Task], val_fraction: float, seed: int) -> tuple[list[Task], list[Task]]:
+    """Per-family seeded split, so that every family appears in validation."""
+    by_family: dict[str, list[Task]] = {}
+    for t in tasks:
+        by_family.setdefault(t.family, []).append(t)
+    train, val = [], []
+    for family in sorted(by_family):
+        group = sorted(by_family[family], key=lambda t: t.task_id)
+        random.Random(f"{seed}/split/{family}").shuffle(group)
+        n_val = round(len(group) * val_fraction)
+        if val_fraction > 0 and n_val == 0 and len(group) > 1:
+            n_val = 1
+        val += group[:n_val]
+        train += group[n_val:]
+    return sorted(train, key=lambda t: t.task_id), sorted(val, key=lambda t: t.task_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+@dataclass
+class Validation:
+    task: Task
+    reference: EpisodeRecord | None = None
+    idle: EpisodeRecord | None = None
+    repeat: EpisodeRecord | None = None
+    problem: str = ""  # why the instance is dropped ('' = valid)
+    differing: list[dict] = field(default_factory=list)
+
+
+async def validate_task(task: Task, config: SandboxConfig, determinism: bool) -> Validation:
+    v = Validation(task)
+    if not task.solution:
+        v.problem = "no reference solution"
+        return v
+    v.reference = await run_scripted(task, task.solution, config)
+    v.idle = await run_scripted(task, [], config)
+    for name, rec in (("reference", v.reference), ("do-nothing", v.idle)):
+        if rec.infra_error:
+            v.problem = f"{name} episode failed in the sandbox: {rec.infra_error}"
+            return v
+    if v.reference.reward < 1.0:
+        v.problem = f"reference solution scored {v.reference.reward:g} (must be 1)"
+    elif v.idle.reward >= 1.0:
+        v.problem = "a do-nothing episode passes the verifier"
+    if determinism and not v.problem:
+        v.repeat = await run_scripted(task, task.solution, config, verify=False)
+        for i, (a, b) in enumerate(zip(v.reference.steps, v.repeat.steps)):
+            if a.observation != b.observation:
+                v.differing.append({"task_id": task.task_id, "turn": i, "command": a.command,
+                                    "first": a.observation, "second": b.observation})
+    return v
+
+
+async def validate_all(tasks: list[Task], config: SandboxConfig, workers: int, determinism: bool,
+                       display: Display) -> list[Validation]:
+    gate = asyncio.Semaphore(workers)
+    display.start(len(tasks), "validating tasks in the sandbox")
+
+    async def one(task: Task) -> Validation:
+        async with gate:
+            v = await validate_task(task, config, determinism)
+        display.advance(1)
+        return v
+
+    try:
+        return await asyncio.gather(*(one(t) for t in tasks))
+    finally:
+        display.finish()
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+async def prepare_tasks(recipe: Recipe, out_dir: str, display: Display) -> dict:
+    cfg = recipe.tasks
+    t0 = time.monotonic()
+    tasks, dropped = generate_builtin(cfg) if cfg.builtin else ([], [])
+    skipped_imports = []
+    if cfg.harbor_dir:
+        from obsspec.env.harbor import import_harbor
+
+        report = import_harbor(cfg.harbor_dir)
+        tasks += report.tasks
+        skipped_imports = [{"task": name, "reason": why} for name, why in report.skipped]
+    t_gen = time.monotonic() - t0
+    validations = await validate_all(tasks, recipe.sandbox, cfg.workers, cfg.determinism_check, display)
+    valid = [v for v in validations if not v.problem]
+    dropped += [{"task_id": v.task.task_id, "reason": v.problem} for v in validations if v.problem]
+    train, val = split([v.task for v in valid], cfg.val_fraction, cfg.seed)
+
+    os.makedirs(out_dir, exist_ok=True)
+    files = {
+        "train.jsonl": _jsonl(t.to_dict() for t in train),
+        "val.jsonl": _jsonl(t.to_dict() for t in val),
+        "trajectories.jsonl": _jsonl(
+            {**v.reference.to_dict(), "family": v.task.family, "instruction": v.task.instruction,
+             "split": "val" if v.task in val else "train"}
+            for v in sorted(valid, key=lambda v: v.task.task_id)),
+    }
+    compared = sum(len(v.repeat.steps) for v in valid if v.repeat)
+    differing = [d for v in valid for d in v.differing]
+    files["determinism.json"] = _json({
+        "commands_compared": compared,
+        "identical_fraction": (compared - len(differing)) / compared if compared else None,
+        "differing": differing,
+    })
+    families = Counter(t.family for t in train + val)
+    manifest = {
+        "seed": cfg.seed, "counts": {"train": len(train), "val": len(val), "dropped": len(dropped)},
+        "families": dict(sorted(families.items())),
+        "dropped": dropped, "skipped_imports": skipped_imports,
+        "sha256": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in files.items()},
+    }
+    files["manifest.json"] = _json(manifest)
+    for name, text in files.items():
+        with open(os.path.join(out_dir, name), "w") as f:
+            f.write(text)
+    latencies = sorted(s.seconds for v in valid for s in v.reference.steps)
+    summary = {
+        "command": "prepare-tasks", "out_dir": out_dir,
+        "train": len(train), "val": len(val), "dropped": len(dropped),
+        "skipped_imports": len(skipped_imports), "families": len(families),
+        "determinism_identical_fraction": json.loads(files["determinism.json"])["identical_fraction"],
+        "commands_differing": len(differing),
+        "generate_sec": round(t_gen, 3), "total_sec": round(time.monotonic() - t0, 3),
+        "tool_latency_median_ms": round(1000 * latencies[len(latencies) // 2], 2) if latencies else None,
+    }
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        f.write(_json(summary))
+    return summary
+
+
+def _jsonl(rows) -> str:
+    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows)
+
+
+def _json(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def load_tasks(path: str) -> list[Task]:
+    """Tasks from a prepared suite directory (train + val) or a single JSONL file."""
+    paths = [path] if os.path.isfile(path) else [
+        os.path.join(path, n) for n in ("train.jsonl", "val.jsonl") if os.path.exists(os.path.join(path, n))]
+    if not paths:
+        raise TaskNotFound(f"{path}: no train.jsonl/val.jsonl here (run `obsspec prepare-tasks` first)")
+    tasks = []
+    for p in paths:
+        with open(p) as f:
+            tasks += [Task.from_dict(json.loads(line)) for line in f if line.strip()]
+    return tasks

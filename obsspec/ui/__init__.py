@@ -1,0 +1,1 @@
+"""What people see: live displays (rich / plain / none) and, later, reports."""

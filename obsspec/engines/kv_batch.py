@@ -92,7 +92,7 @@ class DecodeBatch:
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], dim=1)
         out = model(
             input_ids=ids,
-            attention_mask=None,
+            attention_mask=self.mask,
             position_ids=positions,
             past_key_values=self.cache,
             use_cache=True,

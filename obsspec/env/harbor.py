@@ -47,7 +47,7 @@ from obsspec.env.task import Task
 MAX_TASK_BYTES = 5 * 1024 * 1024
 DEFAULT_WORKDIR = "/app"  # what Harbor images usually use
 DOCKER_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml")
-NOT_COPIED = {*DOCKER_FILES, ".dockerignore", "setup.sh"}  # environment/ files that stay out of the workspace
+NOT_COPIED = {*DOCKER_FILES, ".dockerignore", "setup.sh"}  # environment/ files kept out of /app
 TASK_MARKERS = ("task.toml", "instruction.md", "tests", "environment", "solution")
 # The sandbox cannot mount the workspace under these (read-only system dirs and its own mounts).
 RESERVED_DIRS = ("/usr", "/etc", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
@@ -138,8 +138,7 @@ def _import_task(folder: Path) -> tuple[Task, float | None]:
     if not isinstance(category, str):
         raise _Skip("task.toml: metadata.category must be a string")
     timeout = _table(config, "verifier").get("timeout_sec")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or timeout <= 0):
+    if timeout is not None and not (type(timeout) in (int, float) and timeout > 0):
         raise _Skip(f"task.toml: verifier.timeout_sec must be a positive number, not {timeout!r}")
     files, setup, workdir = _environment(folder, _table(config, "environment"))
     task = Task(
@@ -256,10 +255,8 @@ def _check_tree(folder: Path) -> None:
                 if os.path.commonpath([target, folder]) != str(folder):
                     raise _Skip(f"{rel} is a symlink pointing outside the task folder "
                                 f"(to {os.readlink(path)})")
-                if not os.path.exists(target):
-                    raise _Skip(f"{rel} is a broken symlink")
-                if os.path.isdir(target):
-                    raise _Skip(f"{rel} is a symlink to a directory (not supported)")
+                if not os.path.isfile(target):  # a directory link could loop; a broken one is a bug
+                    raise _Skip(f"{rel} is a symlink to a directory or to nothing (not supported)")
             elif name in filenames:
                 total += os.lstat(path).st_size
     if total > MAX_TASK_BYTES:

@@ -90,6 +90,7 @@ def generate(rng: random.Random, task_id: str) -> Task:
             expected = sorted(seen)
             ask += ", sorted."
             act = f"sort -u {src} > {out}"
+        ask += " Lines that differ in any way (even only in case) are different."
         look = f"wc -l {src}"
     return Task(task_id=task_id, family=NAME, instruction=ask, files=files,
                 verify=verify_lines(out, expected, squeeze=False,

@@ -13,66 +13,87 @@ from obsspec.env.task import Task
 NAME = "fix-script"
 
 
-def _words(rng: random.Random, k: int) -> list[str]:
-    return [rng.choice(WORDS) for _ in range(k)]
+# Case makers: (rng, i) -> (args, expected result). Case i == 0 always exposes the bug.
+def _mean(r, i):
+    xs = [r.randint(1, 60) for _ in range(r.randint(2, 6))]
+    return (xs,), sum(xs) / len(xs)
 
 
-# Each bug: function names, source with {fn} (buggy), (old, new) fix, case(rng, fn, i) -> assert line;
-# case i == 0 always exposes the bug.
+def _words(r, i):
+    ws = [r.choice(WORDS) for _ in range(r.randint(2, 6))]
+    return (" " + r.choice(["  ", " \n ", " \t "]).join(ws) + " ",), len(ws)
+
+
+def _tally(r, i):
+    ws = [r.choice(WORDS) for _ in range(r.randint(2, 4))]
+    ws += ws[:2] + [r.choice(WORDS)]
+    return (ws,), {w: ws.count(w) for w in ws}
+
+
+def _chunks(r, i):
+    xs, k = list(range(r.randint(4, 11))), r.randint(2, 4)
+    return (xs, k), [xs[j:j + k] for j in range(0, len(xs), k)]
+
+
+def _pairs(r, i):
+    a, b = r.sample(WORDS, 2)
+    return (f"# settings\n{a} = {i}\n\n{b}=x=y\n",), {a: str(i), b: "x=y"}
+
+
+def _palindrome(r, i):
+    w = r.choice(WORDS)
+    return ((f"{w.title()}, {w[::-1]}",), True) if i % 2 == 0 else ((w.title() + "x",), False)
+
+
+def _clamp(r, i):
+    lo, hi, x = r.randint(-5, 0), r.randint(10, 20), r.randint(5, 30)
+    return (x, lo, hi), max(lo, min(x, hi))
+
+
+# (function names, buggy source with {fn}, (old, new) text of the fix, case maker)
 BUGS = [
     (["mean", "average", "avg"],
      'def {fn}(values):\n    """Arithmetic mean of a non-empty list."""\n    total = 0\n    for v in values:\n'
-     "        total += v\n    return total / (len(values) - 1)\n", ("len(values) - 1", "len(values)"),
-     lambda r, fn, i: (lambda xs: f"assert abs({fn}({xs}) - {sum(xs) / len(xs)!r}) < 1e-9")(
-         [r.randint(1, 60) for _ in range(r.randint(2, 6))])),
+     "        total += v\n    return total / (len(values) - 1)\n", ("len(values) - 1", "len(values)"), _mean),
     (["sum_to", "triangular", "total_up_to"],
      'def {fn}(n):\n    """Return 1 + 2 + ... + n."""\n    return sum(range(1, n))\n',
-     ("range(1, n)", "range(1, n + 1)"),
-     lambda r, fn, i: (lambda n: f"assert {fn}({n}) == {n * (n + 1) // 2}")(r.randint(1, 80))),
+     ("range(1, n)", "range(1, n + 1)"), lambda r, i: (lambda n: ((n,), n * (n + 1) // 2))(r.randint(1, 80))),
     (["smallest", "minimum", "find_min"],
      'def {fn}(items):\n    """Smallest element of a non-empty list."""\n    best = items[0]\n'
      "    for x in items[1:]:\n        if x > best:\n            best = x\n    return best\n",
-     ("if x > best", "if x < best"),
-     lambda r, fn, i: (lambda xs: f"assert {fn}({xs}) == {min(xs)}")(r.sample(range(-50, 99), r.randint(3, 7)))),
+     ("if x > best", "if x < best"), lambda r, i: (lambda xs: ((xs,), min(xs)))(r.sample(range(-50, 99), r.randint(3, 7)))),
     (["to_fahrenheit", "c2f", "celsius_to_f"],
      'def {fn}(c):\n    """Convert degrees Celsius to Fahrenheit."""\n    return c * 9 / 5 - 32\n',
-     ("- 32", "+ 32"),
-     lambda r, fn, i: (lambda c: f"assert abs({fn}({c}) - {c * 9 / 5 + 32!r}) < 1e-9")(r.randint(-40, 120))),
+     ("- 32", "+ 32"), lambda r, i: (lambda c: ((c,), c * 9 / 5 + 32))(r.randint(-40, 120))),
     (["word_count", "count_words", "n_words"],
      'def {fn}(text):\n    """Number of whitespace-separated words in text."""\n    return len(text.split(" "))\n',
-     ('text.split(" ")', "text.split()"),
-     lambda r, fn, i: (lambda ws: f"assert {fn}({' ' + r.choice(['  ', ' ' + chr(10) + ' ', ' ' + chr(9) + ' ']).join(ws) + ' '!r}) == {len(ws)}")(
-         _words(r, r.randint(2, 6)))),
+     ('text.split(" ")', "text.split()"), _words),
     (["tally", "word_freq", "count_items"],
      'def {fn}(words):\n    """Map each word to how many times it occurs."""\n    counts = {{}}\n    for w in words:\n'
-     "        counts[w] = 1\n    return counts\n", ("counts[w] = 1", "counts[w] = counts.get(w, 0) + 1"),
-     lambda r, fn, i: (lambda ws: f"assert {fn}({ws}) == {dict((w, ws.count(w)) for w in ws)}")(
-         (lambda b: b + b[:2] + _words(r, 2))(_words(r, r.randint(2, 4))))),
+     "        counts[w] = 1\n    return counts\n", ("counts[w] = 1", "counts[w] = counts.get(w, 0) + 1"), _tally),
     (["chunks", "batched", "split_every"],
      'def {fn}(xs, size):\n    """Split xs into consecutive pieces of length size (the last may be shorter)."""\n'
      "    out = []\n    for i in range(0, len(xs), size):\n        out.append(xs[i:i + size - 1])\n    return out\n",
-     ("xs[i:i + size - 1]", "xs[i:i + size]"),
-     lambda r, fn, i: (lambda xs, k: f"assert {fn}({xs}, {k}) == {[xs[j:j + k] for j in range(0, len(xs), k)]}")(
-         list(range(r.randint(4, 11))), r.randint(2, 4))),
+     ("xs[i:i + size - 1]", "xs[i:i + size]"), _chunks),
     (["parse_settings", "parse_kv", "read_pairs"],
      'def {fn}(text):\n    """Parse key=value lines (blank lines and # comments are skipped) into a dict."""\n'
      "    out = {{}}\n    for line in text.splitlines():\n        line = line.strip()\n"
      '        if not line or line.startswith("#"):\n            continue\n        key, value = line.split("=")\n'
-     "        out[key.strip()] = value.strip()\n    return out\n", ('line.split("=")', 'line.split("=", 1)'),
-     lambda r, fn, i: (lambda a, b: f"assert {fn}({f'# cfg{chr(10)}{a}=1{chr(10)}{b}=x=y{chr(10)}'!r}) == {{'{a}': '1', '{b}': 'x=y'}}")(
-         *r.sample(WORDS, 2))),
+     "        out[key.strip()] = value.strip()\n    return out\n", ('line.split("=")', 'line.split("=", 1)'), _pairs),
     (["is_palindrome", "palindromic", "reads_same"],
      'def {fn}(s):\n    """True if s reads the same backwards, ignoring case, spaces and punctuation."""\n'
      "    cleaned = [c for c in s if c.isalnum()]\n    return cleaned == cleaned[::-1]\n",
-     ("[c for c in s", "[c.lower() for c in s"),
-     lambda r, fn, i: (lambda w: f"assert {fn}({w.title() + ', ' + w[::-1]!r}) is True" if i % 2 == 0 else
-                       f"assert {fn}({w.title() + 'x'!r}) is False")(r.choice(WORDS))),
+     ("[c for c in s", "[c.lower() for c in s"), _palindrome),
     (["clamp", "bound", "limit"],
      'def {fn}(x, lo, hi):\n    """Clamp x into the closed interval [lo, hi]."""\n    return max(lo, min(x, lo))\n',
-     ("min(x, lo)", "min(x, hi)"),
-     lambda r, fn, i: (lambda lo, hi, x: f"assert {fn}({x}, {lo}, {hi}) == {max(lo, min(x, hi))}")(
-         0, r.randint(10, 20), r.randint(5, 30))),
+     ("min(x, lo)", "min(x, hi)"), _clamp),
 ]
+
+
+def _case(make, rng: random.Random, fn: str, i: int) -> str:
+    args, exp = make(rng, i)
+    call = f"{fn}({', '.join(map(repr, args))})"
+    return f"assert abs({call} - {exp!r}) < 1e-9" if isinstance(exp, float) else f"assert {call} == {exp!r}"
 
 
 def _sed(old: str, new: str) -> str:
@@ -80,15 +101,15 @@ def _sed(old: str, new: str) -> str:
 
 
 def generate(rng: random.Random, task_id: str) -> Task:
-    (names, src, (old, new), case), (names2, src2, (old2, new2), case2) = rng.sample(BUGS, 2)
+    (names, src, (old, new), make), (names2, src2, (old2, new2), make2) = rng.sample(BUGS, 2)
     fn, fn2 = rng.choice(names), rng.choice(names2)
     mod = rng.choice(["mathutil", "helpers", "utils", "textkit", "toolbox", "core", "common"])
     d = rng.choice(["", "lib/", "project/", "tools/"])
     parts = [src.format(fn=fn), src2.format(fn=fn2).replace(old2, new2)]
     rng.shuffle(parts)
     code = f'"""Small helpers for the {rng.choice(WORDS)} project."""\n\n\n' + "\n\n".join(parts)
-    tests = [case(rng, fn, i) for i in range(rng.randint(2, 3))] + [case2(rng, fn2, i) for i in range(2)]
-    hidden = [case(rng, fn, i) for i in range(2, 5)] + [case2(rng, fn2, i) for i in range(2, 4)]
+    tests = [_case(make, rng, fn, i) for i in range(rng.randint(2, 3))] + [_case(make2, rng, fn2, i) for i in range(2)]
+    hidden = [_case(make, rng, fn, i) for i in range(2, 5)] + [_case(make2, rng, fn2, i) for i in range(2, 4)]
     test = f"from {mod} import {', '.join(sorted([fn, fn2]))}\n\n" + "\n".join(tests) + '\nprint("all tests passed")\n'
     body = (f"import types\npath = {d + mod + '.py'!r}\nm = types.ModuleType({mod!r})\n"
             f"exec(compile(read_text(path), path, 'exec'), m.__dict__)\nsys.modules[{mod!r}] = m\n"

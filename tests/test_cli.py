@@ -1,0 +1,100 @@
+"""The CLI as a user meets it: --help everywhere, clear one-line errors, real runs end to end."""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OBSSPEC = [sys.executable, "-m", "obsspec.cli"]
+COMMANDS = ["prepare-tasks", "shell", "validate", "demo"]
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+def cli(*args, cwd=ROOT, input=None):
+    env = {**os.environ, "COLUMNS": "120", "NO_COLOR": "1"}
+    return subprocess.run([*OBSSPEC, *args], cwd=cwd, capture_output=True, text=True,
+                          input=input, env=env, timeout=600)
+
+
+def test_top_level_help_lists_the_commands():
+    r = cli("--help")
+    assert r.returncode == 0
+    for name in COMMANDS:
+        assert name in r.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_ending_with_examples(command):
+    r = cli(command, "--help")
+    assert r.returncode == 0, r.stderr
+    assert "Examples" in r.stdout and f"obsspec {command}" in r.stdout.split("Examples")[1]
+
+
+@pytest.mark.parametrize("recipe", sorted(glob.glob(os.path.join(ROOT, "recipes", "*.yaml"))))
+def test_validate_every_recipe(recipe):
+    r = cli("validate", recipe)
+    assert r.returncode == 0 and r.stdout.startswith("ok:"), r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["validate", "recipes/tiny-cpu.yaml", "sandbox.timout_s=3"], "unknown key 'sandbox.timout_s'"),
+    (["validate", "missing.yaml"], "missing.yaml: recipe file not found"),
+    (["prepare-tasks", "recipes/tiny-cpu.yaml", "tasks.families=[no-such-family]", "--out", "/tmp/x"],
+     "unknown task family 'no-such-family'"),
+    (["shell", "not-a-task"], "not a built-in task id"),
+    (["shell", "nosuch-00001", "-c", "true"], "unknown task family 'nosuch'"),
+    (["prepare-tasks", "--from", "/nonexistent/harbor", "--no-builtin", "--out", "/tmp/x"], "/nonexistent/harbor"),
+])
+def test_user_errors_are_one_line_and_exit_2(args, message):
+    r = cli(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_broken_yaml_is_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sandbox: {timeout_s: 3\n")
+    r = cli("validate", str(bad))
+    assert r.returncode == 2 and "YAML syntax error" in r.stderr and str(bad) in r.stderr
+
+
+@needs_bwrap
+def test_shell_prints_observations_as_the_agent_sees_them():
+    r = cli("shell", "find-by-name-00003", "-c", "echo hi; false", "-c", "exit 3", "--no-verify")
+    assert r.returncode == 0, r.stderr
+    assert "<tool_response>\nhi\n\n(exit_code=1)\n</tool_response>" in r.stdout
+    assert "<tool_response>\n(no output)\n(exit_code=3)\n</tool_response>" in r.stdout
+
+
+@needs_bwrap
+def test_shell_reads_stdin_and_runs_the_verifier():
+    r = cli("shell", "csv-filter-00001", input="pwd\n\nls\n")
+    assert r.returncode == 0, r.stderr
+    assert "/app\n\n(exit_code=0)" in r.stdout and "# verifier reward: 0" in r.stdout
+
+
+@needs_bwrap
+def test_prepare_tasks_is_reproducible_and_loadable(tmp_path):
+    args = ["prepare-tasks", "recipes/tiny-cpu.yaml", "tasks.num_instances=25", "--display", "plain"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    r1 = cli(*args, "--out", str(a))
+    r2 = cli(*args, "--out", str(b))
+    assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
+    summary = json.loads((a / "summary.json").read_text())
+    assert summary["train"] + summary["val"] + summary["dropped"] == 25
+    assert summary["dropped"] == 0, (a / "manifest.json").read_text()
+    for name in ("train.jsonl", "val.jsonl", "trajectories.jsonl", "manifest.json", "determinism.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), f"{name} differs between runs"
+    import datasets
+
+    ds = datasets.load_dataset("json", data_files={"train": str(a / "train.jsonl"),
+                                                   "val": str(a / "val.jsonl")})
+    assert len(ds["train"]) == summary["train"] and "instruction" in ds["train"].column_names
+    traj = [json.loads(line) for line in (a / "trajectories.jsonl").read_text().splitlines()]
+    assert all(t["reward"] == 1.0 and t["steps"] and "(exit_code=" in t["steps"][0]["observation"] for t in traj)

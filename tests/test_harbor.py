@@ -1,0 +1,199 @@
+"""Harbor import: the example task folders, every skip reason, and each valid task run for real.
+
+The end-to-end tests run each imported task in the bubblewrap sandbox twice: with its reference
+solution (reward 1.0) and without it (reward below 1.0), so a mapping mistake (wrong workdir,
+files, setup or reward handling) shows up as a wrong reward.
+"""
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from obsspec.env.harbor import HarborImportError, import_harbor
+from obsspec.env.sandbox import Sandbox, SandboxConfig
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GOOD, BAD = FIXTURES / "harbor", FIXTURES / "harbor_bad"
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+FAST = SandboxConfig(timeout_s=10, memory_mb=1024, max_procs=64)
+
+
+def tasks_by_id(path=GOOD):
+    return {t.task_id: t for t in import_harbor(path).tasks}
+
+
+def make_task(root: Path, name: str, **files: str) -> Path:
+    """A minimal valid Harbor task folder; `files` (path with '__' for '/') add or replace files."""
+    folder = root / name
+    base = {"task.toml": "[metadata]\ncategory = 'demo'\n", "instruction.md": "Do it.\n",
+            "tests/test.sh": "test -f /app/done\n"}
+    for rel, text in {**base, **{k.replace("__", "/"): v for k, v in files.items()}}.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------
+# importing
+
+
+def test_valid_fixtures_import_in_name_order_with_nothing_skipped():
+    report = import_harbor(GOOD)
+    assert report.skipped == []
+    assert [t.task_id for t in report.tasks] == [
+        "harbor-count-words", "harbor-hello-file", "harbor-sum-scores"]
+    assert report.timeouts == {"harbor-count-words": 120.0, "harbor-hello-file": 60.0,
+                               "harbor-sum-scores": 30.0}
+
+
+def test_task_without_environment_maps_every_field():
+    task = tasks_by_id()["harbor-hello-file"]
+    folder = GOOD / "hello-file"
+    assert task.family == "harbor:file-operations"
+    assert task.instruction == (folder / "instruction.md").read_text().strip()
+    assert task.files == {} and task.setup == "" and task.workdir == "/app"
+    assert task.solution == [(folder / "solution/solve.sh").read_text()]
+    assert task.verify_files == {"test.sh": (folder / "tests/test.sh").read_text(),
+                                 "expected_hello.txt": "Hello, Harbor!\n"}
+    assert "bash /tests/test.sh" in task.verify
+    assert task.source == f"harbor:{folder.resolve()}" and task.max_turns == 12
+
+
+def test_setup_sh_files_and_dockerfile_workdir():
+    task = tasks_by_id()["harbor-count-words"]
+    env = GOOD / "count-words/environment"
+    assert task.setup == (env / "setup.sh").read_text()
+    # Dockerfile and setup.sh stay out of the workspace; the last (relative) WORKDIR wins
+    assert task.files == {"data.txt": (env / "data.txt").read_text()}
+    assert task.workdir == "/srv/work"
+    assert task.verify.startswith("cd /srv/work")
+
+
+def test_category_is_sanitised_and_verifier_env_exported():
+    task = tasks_by_id()["harbor-sum-scores"]
+    assert task.family == "harbor:data-processing"
+    assert task.verify.startswith("export SCORES_FILE=/app/scores.csv\n")
+    assert "reward.json" in task.verify
+
+
+def test_task_round_trips_through_dict():
+    for task in import_harbor(GOOD).tasks:
+        assert type(task).from_dict(task.to_dict()) == task
+
+
+def test_single_task_folder_form():
+    report = import_harbor(GOOD / "hello-file")
+    assert [t.task_id for t in report.tasks] == ["harbor-hello-file"] and report.skipped == []
+
+
+EXPECTED_SKIPS = {
+    "binary-test-file": "tests/archive.zip is a binary file",
+    "broken-toml": "invalid task.toml: Invalid value (at line 3, column 14)",
+    "dockerfile-only": "needs Docker (environment/Dockerfile only; add environment/setup.sh "
+                       "to run it without Docker)",
+    "empty-instruction": "instruction.md is empty",
+    "missing-task-toml": "missing task.toml",
+    "missing-test-sh": "missing tests/test.sh",
+    "solution-needs-files": "solution/solve.sh needs other files of solution/ (fix.diff)",
+    "symlink-escape": "tests/users.txt is a symlink pointing outside the task folder",
+}
+
+
+def test_malformed_fixtures_are_skipped_with_one_line_reasons():
+    report = import_harbor(BAD)
+    assert report.tasks == []
+    reasons = dict(report.skipped)
+    assert sorted(reasons) == sorted(EXPECTED_SKIPS)
+    for name, expected in EXPECTED_SKIPS.items():
+        assert reasons[name].startswith(expected), f"{name}: {reasons[name]}"
+        assert "\n" not in reasons[name]
+
+
+def test_a_bad_single_task_folder_is_skipped_not_raised():
+    report = import_harbor(BAD / "missing-task-toml")
+    assert report.tasks == [] and report.skipped[0][0] == "missing-task-toml"
+
+
+@pytest.mark.parametrize("files, reason", [
+    ({"environment__big.bin": "x" * (6 << 20)}, "files too large (6.0 MB > 5 MB total)"),
+    ({"task.toml": "[environment]\ndocker_image = 'org/img:1'\n"}, "needs Docker (image"),
+    ({"environment__docker-compose.yaml": "services: {}\n"},
+     "needs Docker (environment/docker-compose.yaml only"),
+    ({"environment__setup.sh": ":", "environment__Dockerfile": "FROM x\nWORKDIR $HOME\n"},
+     "environment/Dockerfile: WORKDIR $HOME uses a variable"),
+    ({"environment__setup.sh": ":", "environment__Dockerfile": "FROM x\nWORKDIR /usr/src/app\n"},
+     "environment/Dockerfile: WORKDIR /usr/src/app cannot be the sandbox workspace"),
+    ({"task.toml": "[verifier]\ntimeout_sec = 'soon'\n"}, "task.toml: verifier.timeout_sec must"),
+    ({"task.toml": "metadata = 3\n"}, "task.toml: [metadata] must be a table"),
+    ({"task.toml": "[verifier]\nenv = { KEY = '${OPENAI_API_KEY}' }\n"},
+     "task.toml: verifier.env.KEY needs a host variable"),
+])
+def test_other_skip_reasons(tmp_path, files, reason):
+    make_task(tmp_path, "t", **files)
+    report = import_harbor(tmp_path)
+    assert report.tasks == [] and report.skipped[0][1].startswith(reason), report.skipped
+
+
+def test_non_utf8_file_is_skipped(tmp_path):
+    (make_task(tmp_path, "t") / "instruction.md").write_bytes(b"caf\xe9\n")
+    assert import_harbor(tmp_path).skipped == [("t", "instruction.md is not UTF-8 text (byte 3)")]
+
+
+def test_symlinks_inside_the_folder_are_followed(tmp_path):
+    folder = make_task(tmp_path, "t", tests__expected="42\n")
+    (folder / "tests/copy").symlink_to("expected")
+    assert import_harbor(tmp_path).tasks[0].verify_files["copy"] == "42\n"
+
+
+def test_missing_solution_imports_with_empty_solution(tmp_path):
+    make_task(tmp_path, "t")
+    assert import_harbor(tmp_path).tasks[0].solution == []
+
+
+def test_names_that_sanitise_alike_keep_the_first(tmp_path):
+    make_task(tmp_path, "My_Task")
+    make_task(tmp_path, "my-task")
+    report = import_harbor(tmp_path)
+    assert [t.task_id for t in report.tasks] == ["harbor-my-task"]
+    assert report.skipped == [("my-task", "task id 'harbor-my-task' is already taken by My_Task")]
+
+
+def test_path_errors_are_clear_value_errors(tmp_path):
+    with pytest.raises(HarborImportError, match="no such directory"):
+        import_harbor(tmp_path / "nope")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("hi\n")
+    with pytest.raises(HarborImportError, match="no Harbor task folders"):
+        import_harbor(tmp_path)
+    assert issubclass(HarborImportError, ValueError)
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end, in the real sandbox
+
+
+async def episode(task, commands):
+    """Start the task's sandbox, run `commands`, return (their exit codes, the reward)."""
+    async with Sandbox(FAST, workdir=task.workdir) as sandbox:
+        await sandbox.start(files=task.files, setup=task.setup)
+        codes = [(await sandbox.run(c)).exit_code for c in commands]
+        return codes, await sandbox.verify(task.verify, task.verify_files)
+
+
+@needs_bwrap
+@pytest.mark.parametrize("task_id", ["harbor-count-words", "harbor-hello-file", "harbor-sum-scores"])
+def test_solution_passes_and_doing_nothing_fails(task_id):
+    task = tasks_by_id()[task_id]
+    codes, reward = asyncio.run(episode(task, task.solution))
+    assert codes == [0] and reward == 1.0, f"{task_id}: the reference solution must score 1.0"
+    _, reward = asyncio.run(episode(task, []))
+    assert reward < 1.0, f"{task_id}: doing nothing must not score 1.0"
+
+
+@needs_bwrap
+def test_reward_json_partial_credit_reaches_the_sandbox():
+    task = tasks_by_id()["harbor-sum-scores"]
+    assert asyncio.run(episode(task, ["echo 7 > sum.txt"]))[1] == 0.5
+    assert asyncio.run(episode(task, []))[1] == 0.0

@@ -30,6 +30,7 @@ app = typer.Typer(
 
 RECIPE_HELP = "Recipe YAML file (default: the built-in defaults)."
 OVERRIDES_HELP = "Recipe overrides as dot.path=value (e.g. `sandbox.timeout_s=5`); `~key` resets a key."
+DEMO_INSTANCES = 66
 DISPLAY_HELP = "Progress display: auto (rich on a terminal, plain otherwise), rich, plain or none."
 
 
@@ -96,7 +97,7 @@ def prepare_tasks_cmd(
 
         obsspec prepare-tasks recipes/tiny-cpu.yaml tasks.num_instances=200 --out runs/tasks
 
-        obsspec prepare-tasks --from tests/fixtures/harbor --no-builtin --out runs/harbor
+        obsspec prepare-tasks --from tasks/harbor-examples --no-builtin --out runs/harbor
     """
     from obsspec.env.suite import prepare_tasks
 
@@ -189,7 +190,8 @@ def demo_cmd(
     recipe, overrides = _split_recipe(recipe, overrides or [])
     if recipe is None and os.path.exists("recipes/tiny-cpu.yaml"):
         recipe = "recipes/tiny-cpu.yaml"
-    rec = load_recipe(recipe, overrides)
+    # a small suite keeps the demo to a minute or two; any override given still wins
+    rec = load_recipe(recipe, [f"tasks.num_instances={DEMO_INSTANCES}", *overrides])
     typer.echo(f"recipe: {recipe or 'defaults'}", err=True)
     out_dir = out or os.path.join(rec.run_dir, "demo")
     run_demo(rec, out_dir, _display(display))

@@ -15,7 +15,9 @@ from obsspec.env.harbor import HarborImportError, import_harbor
 from obsspec.env.sandbox import Sandbox, SandboxConfig
 
 FIXTURES = Path(__file__).parent / "fixtures"
-GOOD, BAD = FIXTURES / "harbor", FIXTURES / "harbor_bad"
+# the valid examples ship with the project (tasks/); the malformed ones are test fixtures
+GOOD = Path(__file__).parent.parent / "tasks" / "harbor-examples"
+BAD = FIXTURES / "harbor_bad"
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 FAST = SandboxConfig(timeout_s=10, memory_mb=1024, max_procs=64)
 
@@ -183,7 +185,8 @@ async def episode(task, commands):
 
 
 @needs_bwrap
-@pytest.mark.parametrize("task_id", ["harbor-count-words", "harbor-hello-file", "harbor-sum-scores"])
+@pytest.mark.parametrize("task_id",
+                         ["harbor-count-words", "harbor-hello-file", "harbor-sum-scores"])
 def test_solution_passes_and_doing_nothing_fails(task_id):
     task = tasks_by_id()[task_id]
     codes, reward = asyncio.run(episode(task, task.solution))

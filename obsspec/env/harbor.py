@@ -7,16 +7,16 @@
 
 How a Harbor task folder maps onto a `Task`:
 
-    count-words/                    Task(task_id="harbor-count-words",
-      task.toml                          family="harbor:" + [metadata] category (else "uncategorised"),
-      instruction.md          ->         instruction=<instruction.md, stripped>,
-      environment/setup.sh    ->         setup=<setup.sh>  (run with cwd = workdir, before the agent),
-      environment/data.txt    ->         files={"data.txt": ...}  (same relative path in the workspace),
-      environment/Dockerfile  ->         workdir=<its last WORKDIR, else "/app">,
-      solution/solve.sh       ->         solution=[<solve.sh>]  (one multi-line bash command; [] if none),
-      tests/test.sh, tests/*  ->         verify="cd <workdir> && bash /tests/test.sh; ...",
-                                         verify_files={"test.sh": ..., "expected": ...},
-                                         source="harbor:/abs/path/count-words")
+    count-words/                 Task(task_id="harbor-count-words",
+      task.toml                       family="harbor:" + [metadata] category or "uncategorised",
+      instruction.md           ->     instruction=<instruction.md, stripped>,
+      environment/setup.sh     ->     setup=<setup.sh>  (cwd = workdir, before the agent starts),
+      environment/data.txt     ->     files={"data.txt": ...}  (same path in the workspace),
+      environment/Dockerfile   ->     workdir=<its last WORKDIR, else "/app">,
+      solution/solve.sh        ->     solution=[<solve.sh>]  (one multi-line command; [] if none),
+      tests/test.sh, tests/*   ->     verify="cd <workdir> && bash /tests/test.sh; ...",
+                                      verify_files={"test.sh": ..., "expected_total": ...},
+                                      source="harbor:/abs/path/count-words")
 
 Decisions:
 - There is no Docker here. `environment/setup.sh` (our extension) stands in for the image: when it
@@ -25,7 +25,10 @@ Decisions:
   same relative path, whatever the Dockerfile's COPY said. A task that needs an image (Dockerfile,
   docker-compose or `[environment] docker_image`) and has no setup.sh is skipped.
 - Rewards: the sandbox reads /logs/verifier/reward.txt; a verifier that writes reward.json instead
-  (`{"reward": x}`) has it converted by the verify script. `[verifier] env` is exported for test.sh.
+  (`{"reward": x}`) has it converted by the verify script. `[verifier] env` is exported for
+  test.sh and `[solution] env` at the top of the solution command.
+- Tasks hold text: a binary or non-UTF-8 file, a symlink leaving the folder, over 5 MB of files,
+  or a solve.sh that needs other files of solution/ (not mounted here) skips the task.
 - `[verifier] timeout_sec` has no Task field: it is returned in `ImportReport.timeouts`. Other
   settings (agent timeout, cpus, memory, internet, build timeout) are ignored.
 - A malformed task folder never raises: it becomes a `skipped` entry with a one-line reason.
@@ -92,8 +95,9 @@ def import_harbor(path: str | os.PathLike) -> ImportReport:
     """Import one Harbor task folder, or every task folder directly inside `path` (by name)."""
     root = Path(path)
     if not root.is_dir():
-        raise HarborImportError(f"{path}: no such directory (expected a Harbor task folder "
-                                f"or a folder of them)")
+        problem = "not a directory" if root.exists() else "no such directory"
+        raise HarborImportError(f"{path}: {problem} (expected a Harbor task folder or a folder "
+                                f"of them)")
     if any((root / m).exists() for m in ("task.toml", "instruction.md", "tests/test.sh")):
         folders = [root]
     else:
@@ -260,7 +264,8 @@ def _check_tree(folder: Path) -> None:
             elif name in filenames:
                 total += os.lstat(path).st_size
     if total > MAX_TASK_BYTES:
-        raise _Skip(f"files too large ({total / 2**20:.1f} MB > {MAX_TASK_BYTES // 2**20} MB total)")
+        raise _Skip(f"files too large ({total / 2**20:.1f} MB > "
+                    f"{MAX_TASK_BYTES // 2**20} MB total)")
 
 
 def _unreadable(error: OSError) -> None:

@@ -27,7 +27,7 @@ __obsspec_save() {
     shopt -p
     set +o
     printf '__obsspec_last=%d\n' "$__obsspec_rc"
-  } > "$__obsspec_state.tmp" && mv -f "$__obsspec_state.tmp" "$__obsspec_state"
+  } > "$__obsspec_state"
 }
 __obsspec_last=0
 [ -f "$__obsspec_state" ] && source "$__obsspec_state" 2>/dev/null

@@ -119,6 +119,7 @@ def shell_cmd(
     recipe: Optional[str] = typer.Option(None, "--recipe", help=RECIPE_HELP),
     overrides: List[str] = typer.Option(None, "--set", help=OVERRIDES_HELP),
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the verifier at the end."),
+    out: str = typer.Option("", "--out", help="Where summary.json goes (default: RUN_DIR/shell/TASK_ID)."),
 ):
     """Open a task's sandbox and show each observation exactly as the agent would see it.
 
@@ -136,7 +137,11 @@ def shell_cmd(
     rec = _load(recipe, overrides or [])
     task = find_task(task_id, tasks or None, rec.tasks.seed)
     commands = list(task.solution) if solution else (list(command) if command else None)
-    run_shell(task, rec.sandbox, commands, verify=not no_verify)
+    summary = run_shell(task, rec.sandbox, commands, verify=not no_verify)
+    out_dir = out or os.path.join(rec.run_dir, "shell", task.task_id)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump({"command": "shell", **summary}, f, indent=2, sort_keys=True)
 
 
 @app.command("validate")

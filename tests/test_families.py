@@ -64,3 +64,11 @@ def test_reference_passes_and_doing_nothing_fails(family):
         assert not ref.infra_error, ref.infra_error
         assert ref.reward == 1.0, f"{task.task_id}: reference scored {ref.reward}: {ref.steps}"
         assert idle.reward < 1.0, f"{task.task_id}: doing nothing passes the verifier"
+
+
+def test_at_least_a_thousand_distinct_instances():
+    from obsspec.config import TasksConfig
+    from obsspec.env.suite import generate_builtin
+
+    tasks, dropped = generate_builtin(TasksConfig(num_instances=1100))
+    assert len({t.content_hash() for t in tasks}) >= 1000, f"{len(dropped)} duplicates dropped"

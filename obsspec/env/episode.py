@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from obsspec import chat
-from obsspec.env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError
+from obsspec.env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError, SandboxUnavailable
 from obsspec.env.task import Task
 
 
@@ -28,6 +28,10 @@ class EpisodeRecord:
     steps: list[Step]
     reward: float | None  # None when the episode hit an infrastructure failure
     infra_error: str = ""
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EpisodeRecord":
+        return cls(d["task_id"], [Step(**s) for s in d["steps"]], d["reward"], d.get("infra_error", ""))
 
     def to_dict(self, with_timing: bool = False) -> dict:
         d = asdict(self)
@@ -62,6 +66,8 @@ async def run_scripted(task: Task, commands: list[str], config: SandboxConfig,
     steps: list[Step] = []
     try:
         sandbox = await start_sandbox(task, config)
+    except SandboxUnavailable:
+        raise  # the machine cannot sandbox at all: not one episode's failure
     except SandboxError as e:
         return EpisodeRecord(task.task_id, steps, None, f"setup: {e}")
     try:

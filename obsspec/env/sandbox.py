@@ -135,6 +135,20 @@ def _etc_dir(hostname: str) -> str:
     return path
 
 
+async def preflight(config: SandboxConfig) -> None:
+    """Fail fast, with one clear line, when sandboxes cannot start on this machine at all."""
+    sandbox = Sandbox(config)
+    try:
+        await sandbox.start()
+        await sandbox.run("true")
+    except SandboxUnavailable:
+        raise
+    except SandboxError as e:
+        raise SandboxUnavailable(f"cannot start a bubblewrap sandbox here: {e}") from None
+    finally:
+        await sandbox.close()
+
+
 def check_bwrap() -> str:
     """Path of bwrap, or a SandboxUnavailable that says how to install it."""
     path = shutil.which("bwrap")

@@ -9,6 +9,8 @@ Output (under `out_dir`):
 - `determinism.json`             commands whose observations differed between two fresh runs
 - `summary.json`                 key figures, including timings (the only non-reproducible file)
 Same seed, same output: every file but summary.json is byte-identical across runs.
+An interrupted run resumes: validated instances are kept in `validation.partial.jsonl` (removed
+when the run completes) and are not run again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from obsspec.config import Recipe, TasksConfig
 from obsspec.env.episode import EpisodeRecord, run_scripted
 from obsspec.env.families import all_families
-from obsspec.env.sandbox import SandboxConfig
+from obsspec.env.sandbox import SandboxConfig, preflight
 from obsspec.env.task import Task
 from obsspec.ui.display import Display
 
@@ -141,13 +143,24 @@ async def validate_task(task: Task, config: SandboxConfig, determinism: bool) ->
 
 
 async def validate_all(tasks: list[Task], config: SandboxConfig, workers: int, determinism: bool,
-                       display: Display) -> list[Validation]:
+                       display: Display, checkpoint: str = "") -> list[Validation]:
+    """Validate tasks concurrently. With `checkpoint`, each result is appended to that JSONL file
+    as it completes and reused by a rerun, so an interrupted prepare-tasks resumes."""
     gate = asyncio.Semaphore(workers)
+    done = _load_checkpoint(checkpoint)
+    sink = open(checkpoint, "a") if checkpoint else None
     display.start(len(tasks), "validating tasks in the sandbox")
 
     async def one(task: Task) -> Validation:
-        async with gate:
-            v = await validate_task(task, config, determinism)
+        key = _checkpoint_key(task, config, determinism)
+        if key in done:
+            v = _validation_from(task, done[key])
+        else:
+            async with gate:
+                v = await validate_task(task, config, determinism)
+            if sink is not None and not _infra_failed(v):
+                sink.write(json.dumps(_validation_to(key, v), sort_keys=True) + "\n")
+                sink.flush()
         display.advance(1)
         return v
 
@@ -155,6 +168,45 @@ async def validate_all(tasks: list[Task], config: SandboxConfig, workers: int, d
         return await asyncio.gather(*(one(t) for t in tasks))
     finally:
         display.finish()
+        if sink is not None:
+            sink.close()
+
+
+def _checkpoint_key(task: Task, config: SandboxConfig, determinism: bool) -> str:
+    from obsspec.config import to_dict
+
+    blob = json.dumps([task.to_dict(), to_dict(config), determinism], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _infra_failed(v: Validation) -> bool:
+    # infrastructure failures are retried on resume, never cached as the task's fault
+    return any(r is not None and r.infra_error for r in (v.reference, v.idle, v.repeat))
+
+
+def _validation_to(key: str, v: Validation) -> dict:
+    rec = {name: (getattr(v, name).to_dict(with_timing=True) if getattr(v, name) else None)
+           for name in ("reference", "idle", "repeat")}
+    return {"key": key, "problem": v.problem, "differing": v.differing, **rec}
+
+
+def _validation_from(task: Task, d: dict) -> Validation:
+    recs = {n: EpisodeRecord.from_dict(d[n]) if d[n] else None for n in ("reference", "idle", "repeat")}
+    return Validation(task, problem=d["problem"], differing=d["differing"], **recs)
+
+
+def _load_checkpoint(path: str) -> dict[str, dict]:
+    if not path or not os.path.exists(path):
+        return {}
+    done = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                d = json.loads(line)
+                done[d["key"]] = d
+            except (json.JSONDecodeError, KeyError):
+                continue  # a line cut short by the crash we are resuming from
+    return done
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,12 +225,16 @@ async def prepare_tasks(recipe: Recipe, out_dir: str, display: Display) -> dict:
         tasks += report.tasks
         skipped_imports = [{"task": name, "reason": why} for name, why in report.skipped]
     t_gen = time.monotonic() - t0
-    validations = await validate_all(tasks, recipe.sandbox, cfg.workers, cfg.determinism_check, display)
+    if recipe.sandbox.isolation == "bwrap":
+        await preflight(recipe.sandbox)
+    os.makedirs(out_dir, exist_ok=True)
+    checkpoint = os.path.join(out_dir, "validation.partial.jsonl")
+    validations = await validate_all(tasks, recipe.sandbox, cfg.workers, cfg.determinism_check,
+                                     display, checkpoint)
     valid = [v for v in validations if not v.problem]
     dropped += [{"task_id": v.task.task_id, "reason": v.problem} for v in validations if v.problem]
     train, val = split([v.task for v in valid], cfg.val_fraction, cfg.seed)
 
-    os.makedirs(out_dir, exist_ok=True)
     files = {
         "train.jsonl": _jsonl(t.to_dict() for t in train),
         "val.jsonl": _jsonl(t.to_dict() for t in val),
@@ -217,6 +273,8 @@ async def prepare_tasks(recipe: Recipe, out_dir: str, display: Display) -> dict:
     }
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         f.write(_json(summary))
+    if os.path.exists(checkpoint):
+        os.remove(checkpoint)  # complete: nothing left to resume
     return summary
 
 

@@ -1,0 +1,65 @@
+"""prepare-tasks internals: splits, resuming after a crash, failing fast without a sandbox."""
+
+import asyncio
+import json
+
+import pytest
+
+from obsspec.config import TasksConfig, load_recipe
+from obsspec.env import suite
+from obsspec.env.episode import EpisodeRecord, Step
+from obsspec.env.sandbox import SandboxConfig, SandboxUnavailable
+from obsspec.ui.display import NullDisplay
+
+
+def test_split_is_per_family_seeded_and_disjoint():
+    tasks, _ = suite.generate_builtin(TasksConfig(num_instances=88))
+    train, val = suite.split(tasks, 0.25, seed=1)
+    assert {t.task_id for t in train}.isdisjoint({t.task_id for t in val})
+    assert len(train) + len(val) == len(tasks)
+    assert {t.family for t in val} == {t.family for t in tasks}
+    assert suite.split(tasks, 0.25, seed=1) == (train, val)
+    assert suite.split(tasks, 0.25, seed=2) != (train, val)
+
+
+def test_interrupted_validation_resumes_without_rerunning(tmp_path, monkeypatch):
+    tasks, _ = suite.generate_builtin(TasksConfig(num_instances=3, families=("count-lines",)))
+    checkpoint = str(tmp_path / "validation.partial.jsonl")
+    calls = []
+
+    async def fake_validate(task, config, determinism):
+        calls.append(task.task_id)
+        rec = EpisodeRecord(task.task_id, [Step("ls", "a\n\n(exit_code=0)", 0, 0.01)], 1.0)
+        return suite.Validation(task, reference=rec, idle=EpisodeRecord(task.task_id, [], 0.0))
+
+    monkeypatch.setattr(suite, "validate_task", fake_validate)
+    cfg = SandboxConfig()
+    first = asyncio.run(suite.validate_all(tasks[:2], cfg, 2, False, NullDisplay(), checkpoint))
+    assert len(calls) == 2
+    with open(checkpoint, "a") as f:
+        f.write('{"key": "cut short by a cra')  # a torn last line must not break the resume
+    again = asyncio.run(suite.validate_all(tasks, cfg, 2, False, NullDisplay(), checkpoint))
+    assert calls == [tasks[0].task_id, tasks[1].task_id, tasks[2].task_id]
+    assert again[0].reference == first[0].reference and again[0].reference.steps[0].seconds == 0.01
+
+
+def test_infrastructure_failures_are_not_cached(tmp_path, monkeypatch):
+    tasks, _ = suite.generate_builtin(TasksConfig(num_instances=1, families=("count-lines",)))
+    checkpoint = tmp_path / "cp.jsonl"
+
+    async def broken(task, config, determinism):
+        rec = EpisodeRecord(task.task_id, [], None, "sandbox died")
+        return suite.Validation(task, reference=rec, problem="reference episode failed")
+
+    monkeypatch.setattr(suite, "validate_task", broken)
+    asyncio.run(suite.validate_all(tasks, SandboxConfig(), 1, False, NullDisplay(), str(checkpoint)))
+    assert checkpoint.read_text() == ""
+
+
+def test_prepare_fails_fast_when_sandboxes_cannot_start(tmp_path, monkeypatch):
+    import obsspec.env.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    recipe = load_recipe(None, ["tasks.num_instances=2"])
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        asyncio.run(suite.prepare_tasks(recipe, str(tmp_path / "out"), NullDisplay()))

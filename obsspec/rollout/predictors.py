@@ -1,0 +1,160 @@
+"""Predictors of a command's observation: the world model, a history cache, an oracle, none.
+
+A predictor returns candidate observation *bodies* (text); the scheduler puts each through the
+same normalisation, truncation and encoding a real observation gets before it is used or
+compared, so a predictor can never smuggle in token ids that a real observation would not have.
+
+- `WorldModelPredictor`  a world model served by an engine: one greedy draft, plus breadth-1
+                         sampled ones; stops at the observation's closing tag.
+- `HistoryCache`         exact observations seen before for the same task and the same committed
+                         command history (GRPO group members share prefixes). Instant; still
+                         verified against the real tool like any draft.
+- `Oracle`               replays recorded observations (the upper bound on hit rate).
+- `NoPredictor`          never predicts (speculative mode then behaves sequentially).
+Test and benchmark wrappers: `Corrupting` (spoils drafts: forced rollbacks), `Delayed` (slower
+than the tool: forced exec_won).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from obsspec import chat
+from obsspec.engines.base import GenerationRequest
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    task_key: str                  # identifies the task instance (its content hash)
+    task_id: str
+    episode: int
+    turn: int
+    commands: tuple[str, ...]      # committed commands so far, the current one last
+    prompt_ids: tuple[int, ...]    # what a world model sees: history + action + observation opening
+
+
+@dataclass(frozen=True)
+class Draft:
+    body: str
+    tokens: int = 0  # world-model tokens it took (0 for instant predictors)
+
+
+class Predictor(Protocol):
+    name: str
+
+    async def predict(self, request: PredictRequest) -> list[Draft]: ...
+
+    def learn(self, request: PredictRequest, body: str) -> None:
+        """Told the real observation body after every executed command."""
+
+
+class NoPredictor:
+    name = "none"
+
+    async def predict(self, request: PredictRequest) -> list[Draft]:
+        return []
+
+    def learn(self, request: PredictRequest, body: str) -> None:
+        pass
+
+
+class HistoryCache:
+    name = "history"
+
+    def __init__(self):
+        self._seen: dict[tuple[str, tuple[str, ...]], str] = {}
+
+    async def predict(self, request: PredictRequest) -> list[Draft]:
+        body = self._seen.get((request.task_key, request.commands))
+        return [Draft(body)] if body is not None else []
+
+    def learn(self, request: PredictRequest, body: str) -> None:
+        self._seen[(request.task_key, request.commands)] = body
+
+
+class Oracle(HistoryCache):
+    """A history cache filled from recorded trajectories: (task, commands) -> observation."""
+
+    name = "oracle"
+
+    def __init__(self, records: Sequence[tuple[str, Sequence[str], Sequence[str]]]):
+        """records: (task_key, commands, observation bodies), one entry per recorded episode."""
+        super().__init__()
+        for task_key, commands, bodies in records:
+            for i, body in enumerate(bodies):
+                self._seen[(task_key, tuple(commands[: i + 1]))] = body
+
+    def learn(self, request: PredictRequest, body: str) -> None:
+        pass  # an oracle only knows what was recorded
+
+
+class WorldModelPredictor:
+    name = "world_model"
+
+    def __init__(self, engine, fmt, *, cap: int, max_tokens: int = 256, breadth: int = 1,
+                 temperature: float = 0.7, adapter: str | None = None, seed: int = 0):
+        self.engine, self.fmt, self.cap = engine, fmt, cap
+        self.max_tokens, self.breadth, self.temperature = max_tokens, breadth, temperature
+        self.adapter, self.seed = adapter, seed
+
+    async def predict(self, request: PredictRequest) -> list[Draft]:
+        requests = []
+        for k in range(self.breadth):
+            requests.append(GenerationRequest(
+                request.prompt_ids, max_new_tokens=self.max_tokens,
+                temperature=0.0 if k == 0 else self.temperature,
+                seed=derive_seed(self.seed, "wm", request.episode, request.turn, k),
+                stop_token_ids=self.fmt.wm_stop_token_ids, stop_strings=self.fmt.wm_stop_strings,
+                adapter=self.adapter))
+        # Cancelling this coroutine cancels the gather, and with it every engine request.
+        generations = await asyncio.gather(*(self.engine.generate(r) for r in requests))
+        drafts = []
+        for g in generations:
+            body = chat.split_draft(self.fmt.decode(g.token_ids))
+            if body is not None:  # an unfinished draft (hit max_tokens) cannot match anything
+                drafts.append(Draft(body, len(g.token_ids)))
+        return drafts
+
+    def learn(self, request: PredictRequest, body: str) -> None:
+        pass  # co-training happens between policy updates, not here
+
+
+class Corrupting:
+    """Spoils every `every`-th draft (by turn) with one extra byte: a guaranteed rollback."""
+
+    def __init__(self, inner: Predictor, every: int = 1):
+        self.inner, self.every = inner, every
+        self.name = f"{inner.name}+corrupt{every}"
+
+    async def predict(self, request: PredictRequest) -> list[Draft]:
+        drafts = await self.inner.predict(request)
+        if (request.turn + request.episode) % self.every == 0:
+            drafts = [Draft(d.body.replace("(exit_code=", " (exit_code=", 1), d.tokens) for d in drafts]
+        return drafts
+
+    def learn(self, request: PredictRequest, body: str) -> None:
+        self.inner.learn(request, body)
+
+
+class Delayed:
+    """Adds a fixed delay before the inner predictor answers (slower than the tool: exec_won)."""
+
+    def __init__(self, inner: Predictor, delay_s: float):
+        self.inner, self.delay_s = inner, delay_s
+        self.name = f"{inner.name}+delay{delay_s:g}s"
+
+    async def predict(self, request: PredictRequest) -> list[Draft]:
+        await asyncio.sleep(self.delay_s)
+        return await self.inner.predict(request)
+
+    def learn(self, request: PredictRequest, body: str) -> None:
+        self.inner.learn(request, body)
+
+
+def derive_seed(*parts) -> int:
+    """A 31-bit seed from any parts, stable across processes (no hash randomisation)."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF

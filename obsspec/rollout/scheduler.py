@@ -1,0 +1,260 @@
+"""The rollout scheduler: episodes run sequentially or with observation speculation.
+
+Both modes share one episode loop (DESIGN.md section 2). Per turn: the policy generates an action
+from the committed token history with a seed derived from (episode, turn); a `bash` call runs in
+the tool. In speculative mode, a predictor is asked for the observation at the same time; if its
+draft arrives before the tool finishes, each distinct draft is encoded exactly as a real
+observation would be and the policy's next action is generated on it, speculatively. When the
+tool finishes, the real observation's body token ids are compared with each draft's:
+- equal    -> `match`: that speculative generation becomes the next action (awaited if still
+              running); it draws the same seed on the same tokens, so nothing changes but time;
+- no match -> `rollback`: all speculative work is cancelled; the next action is generated on the
+              real observation, as sequentially;
+- the tool was first -> `exec_won`: the predictor is cancelled.
+Speculative actions are never executed: only committed actions reach the tool. Every speculative
+request ends in a `request_end` event: committed, cancelled (with a reason) or failed.
+
+Depth 1 (speculate one turn ahead); breadth k = the predictor's number of drafts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass
+
+from obsspec import chat
+from obsspec.engines.base import Generation, GenerationRequest
+from obsspec.env.task import Task
+from obsspec.rollout.events import EventBus
+from obsspec.rollout.predictors import Draft, Predictor, PredictRequest, derive_seed
+from obsspec.rollout.tools import Tool
+from obsspec.rollout.trajectory import Trajectory, Turn
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_turns: int = 12
+    max_new_tokens: int = 256
+    max_context: int = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class _Speculation:
+    draft: Draft
+    body_ids: list[int]
+    request_id: str
+    task: asyncio.Task
+
+
+class Scheduler:
+    def __init__(self, policy, fmt, bus: EventBus, sampling: Sampling, cap: int,
+                 predictor: Predictor | None = None):
+        self.policy, self.fmt, self.bus, self.sampling = policy, fmt, bus, sampling
+        self.cap, self.predictor = cap, predictor
+
+    # -- one episode ------------------------------------------------------------------------------
+    async def run_episode(self, task: Task, episode: int, tool: Tool, speculative: bool) -> Trajectory:
+        fmt, s = self.fmt, self.sampling
+        traj = Trajectory.start(episode, task.task_id, fmt.prompt_ids(task.instruction))
+        task_key = task.content_hash()
+        commands: list[str] = []
+        pending: _Speculation | None = None  # the committed speculative generation for this turn
+        self.bus.emit("episode_start", episode, 0, task_id=task.task_id, speculative=speculative)
+        try:
+            await tool.start()
+            t0 = self.bus.now()
+            for turn in range(s.max_turns):
+                if pending is not None:
+                    gen, pending = await self._collect(pending, episode, turn), None
+                else:
+                    if self._budget(len(traj.ids)) <= 0:
+                        break  # context full: the episode ends here in both modes
+                    gen = await self._generate(traj.ids, episode, turn, speculative=False)
+                traj.append_action(gen.token_ids, gen.logprobs)
+                text = fmt.decode(gen.token_ids)
+                action = chat.parse_action(text)
+                if action.kind == "done":
+                    traj.turns.append(Turn(text, "done"))
+                    break
+                if action.kind == "error":
+                    ids, body = fmt.error_observation_ids(action.error)
+                    traj.append_observation(ids, body, len(fmt.obs_close_ids))
+                    traj.turns.append(Turn(text, "error", observation=chat.error_observation(action.error)))
+                    continue
+                commands.append(action.command)
+                request = PredictRequest(task_key, task.task_id, episode, turn, tuple(commands),
+                                         tuple(traj.ids) + tuple(fmt.obs_prefix_ids))
+                last_turn = turn + 1 >= s.max_turns
+                if speculative and self.predictor is not None:
+                    result, pending, outcome = await self._speculate(traj, request, tool, action, last_turn)
+                else:
+                    result, outcome = await self._execute(tool, action, episode, turn), ""
+                if self.predictor is not None:
+                    self.predictor.learn(request, result.body)
+                ids, body = fmt.observation_ids(result.body)
+                traj.append_observation(ids, body, len(fmt.obs_close_ids))
+                traj.turns.append(Turn(text, "bash", action.command, result.body, result.exit_code,
+                                       result.seconds, outcome))
+            traj.latency_sec = self.bus.now() - t0
+            traj.reward = await tool.reward()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # an infrastructure failure: excluded from training, never scored 0
+            traj.infra_error = f"{type(e).__name__}: {e}"
+            traj.reward = None
+        finally:
+            if pending is not None:
+                await self._cancel(pending, episode, len(traj.turns), "episode_end")
+            await tool.close()
+            self.bus.emit("episode_end", episode, len(traj.turns), reward=traj.reward,
+                          turns=len(traj.turns), latency_sec=traj.latency_sec,
+                          infra_error=traj.infra_error)
+        return traj
+
+    # -- pieces -------------------------------------------------------------------------------------
+    def _budget(self, context_len: int) -> int:
+        return min(self.sampling.max_new_tokens, self.sampling.max_context - context_len)
+
+    def _request(self, prompt_ids, episode: int, turn: int) -> GenerationRequest:
+        s = self.sampling
+        # The seed depends on (episode, turn) only, so a speculative generation of turn t+1 draws
+        # exactly the random numbers the sequential one would.
+        return GenerationRequest(prompt_ids, max_new_tokens=self._budget(len(prompt_ids)),
+                                 temperature=s.temperature, top_p=s.top_p,
+                                 seed=derive_seed(s.seed, "policy", episode, turn),
+                                 stop_token_ids=self.fmt.stop_token_ids)
+
+    async def _generate(self, prompt_ids, episode: int, turn: int, speculative: bool,
+                        request: GenerationRequest | None = None) -> Generation:
+        request = request or self._request(prompt_ids, episode, turn)
+        self.bus.emit("policy_start", episode, turn, request_id=request.request_id, speculative=speculative)
+        gen = await self.policy.generate(request)
+        self.bus.emit("policy_done", episode, turn, request_id=request.request_id,
+                      tokens=len(gen.token_ids), speculative=speculative)
+        return gen
+
+    async def _execute(self, tool: Tool, action: chat.Action, episode: int, turn: int):
+        self.bus.emit("exec_start", episode, turn, command=action.command)
+        result = await tool.run(action.command, turn)
+        self.bus.emit("exec_done", episode, turn, seconds=result.seconds, exit_code=result.exit_code)
+        return result
+
+    async def _speculate(self, traj: Trajectory, request: PredictRequest, tool: Tool,
+                         action: chat.Action, last_turn: bool):
+        episode, turn = request.episode, request.turn
+        exec_task = asyncio.ensure_future(self._execute(tool, action, episode, turn))
+        wm_id = f"wm-{episode}-{turn}"
+        self.bus.emit("wm_start", episode, turn, request_id=wm_id)
+        wm_task = asyncio.ensure_future(self.predictor.predict(request))
+        try:
+            await asyncio.wait({exec_task, wm_task}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            exec_task.cancel()
+            wm_task.cancel()
+            raise
+        specs: list[_Speculation] = []
+        drafts: list[Draft] = []
+        if exec_task.done() or not wm_task.done():
+            wm_task.cancel()
+            await asyncio.gather(wm_task, return_exceptions=True)
+            self.bus.emit("exec_won", episode, turn, request_id=wm_id)
+            self._end(wm_id, "wm", "cancelled", episode, turn, reason="exec_won")
+            outcome = "exec_won"
+        elif wm_task.exception() is not None:
+            self._end(wm_id, "wm", "failed", episode, turn, reason=repr(wm_task.exception()))
+            outcome = "no_draft"
+        else:
+            drafts = self._distinct(wm_task.result())
+            self.bus.emit("wm_draft", episode, turn, request_id=wm_id, drafts=len(drafts),
+                          tokens=sum(d.tokens for d in drafts))
+            self._end(wm_id, "wm", "committed", episode, turn, tokens=sum(d.tokens for d in drafts))
+            outcome = "no_draft" if not drafts else "pending"
+            for k, draft in enumerate(drafts):
+                ids, body = self.fmt.observation_ids(draft.body)
+                prompt = traj.ids + ids
+                if last_turn or self._budget(len(prompt)) <= 0:
+                    task = None  # nothing follows this turn: compare the draft, don't generate
+                else:
+                    req = self._request(prompt, episode, turn + 1)
+                    self.bus.emit("spec_start", episode, turn + 1, request_id=req.request_id, draft=k)
+                    task = asyncio.ensure_future(self._generate(prompt, episode, turn + 1, True, req))
+                specs.append(_Speculation(draft, ids[body], req.request_id if task else "", task))
+        try:
+            result = await exec_task
+        except BaseException:
+            for spec in specs:
+                await self._cancel(spec, episode, turn + 1, "tool_failed")
+            raise
+        if outcome != "pending":
+            return result, None, outcome
+        real_ids, real_body = self.fmt.observation_ids(result.body)
+        matched = next((sp for sp in specs if sp.body_ids == real_ids[real_body]), None)
+        for spec in specs:
+            if spec is not matched:
+                await self._cancel(spec, episode, turn + 1, "rollback" if matched is None else "other_draft")
+        if matched is None:
+            self.bus.emit("rollback", episode, turn, drafts=len(specs))
+            return result, None, "rollback"
+        self.bus.emit("match", episode, turn, request_id=matched.request_id,
+                      pending=matched.task is not None and not matched.task.done())
+        return result, (matched if matched.task is not None else None), "match"
+
+    async def _collect(self, spec: _Speculation, episode: int, turn: int) -> Generation:
+        gen = await spec.task
+        self._end(spec.request_id, "policy", "committed", episode, turn, tokens=len(gen.token_ids))
+        return gen
+
+    async def _cancel(self, spec: _Speculation, episode: int, turn: int, reason: str) -> None:
+        if spec.task is None:
+            return
+        tokens = 0
+        if not spec.task.done():
+            cancel = getattr(self.policy, "cancel", None)
+            if not (cancel and cancel(spec.request_id)):
+                spec.task.cancel()
+        try:
+            gen = await spec.task
+            tokens = len(gen.token_ids)
+        except asyncio.CancelledError:
+            pass
+        except Exception as e:
+            self._end(spec.request_id, "policy", "failed", episode, turn, reason=repr(e))
+            return
+        self._end(spec.request_id, "policy", "cancelled", episode, turn, reason=reason, tokens=tokens)
+
+    def _end(self, request_id: str, role: str, outcome: str, episode: int, turn: int,
+             reason: str = "", tokens: int = 0) -> None:
+        self.bus.emit("request_end", episode, turn, request_id=request_id, role=role,
+                      outcome=outcome, reason=reason, tokens=tokens)
+
+    def _distinct(self, drafts: list[Draft]) -> list[Draft]:
+        """Normalise drafts as real observations are, and drop duplicates (by body token ids)."""
+        seen, out = set(), []
+        for d in drafts:
+            body = chat.normalize_draft(d.body, cap=self.cap)
+            key = tuple(self.fmt.encode(body))
+            if key not in seen:
+                seen.add(key)
+                out.append(Draft(body, d.tokens))
+        return out
+
+    # -- a batch ------------------------------------------------------------------------------------
+    async def run_batch(self, tasks: list[Task], make_tool, speculative: bool,
+                        concurrency: int = 0, first_episode: int = 0) -> list[Trajectory]:
+        """Episodes `first_episode + i` for tasks[i], all at once (or `concurrency` at a time)."""
+        gate = asyncio.Semaphore(concurrency or len(tasks) or 1)
+
+        async def one(i: int, task: Task) -> Trajectory:
+            async with gate:
+                episode = first_episode + i
+                return await self.run_episode(task, episode, make_tool(task, episode), speculative)
+
+        return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
+
+
+def task_key(task: Task) -> str:
+    return hashlib.sha256(task.content_hash().encode()).hexdigest()[:16]

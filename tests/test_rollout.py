@@ -1,0 +1,197 @@
+"""The method's invariants (DESIGN.md section 2), each checked against a real sandbox.
+
+- Lossless: speculative and sequential rollouts give identical token ids, masks, logprobs and
+  rewards — with an oracle (all hits), forced rollbacks, forced exec_won, and breadth 2.
+- Seeds come from (episode, turn): the speculative request of turn t+1 equals the sequential one.
+- No speculative side effects: only committed actions reach the sandbox.
+- Accounting: every speculative request ends committed, cancelled (with a reason) or failed.
+The policy is a scripted engine (tests/fakes.py) whose action depends on every context token.
+"""
+
+import asyncio
+import shutil
+from collections import Counter
+
+import pytest
+
+from fakes import ByteTokenizer, ScriptedPolicy
+from obsspec.config import TasksConfig
+from obsspec.env.sandbox import SandboxConfig
+from obsspec.env.suite import generate_builtin
+from obsspec.rollout.events import EventBus
+from obsspec.rollout.predictors import Corrupting, Delayed, Draft, Oracle
+from obsspec.rollout.scheduler import Sampling, Scheduler
+from obsspec.rollout.tools import EmulatedLatency, SandboxTool
+from obsspec.tokens import ChatFormat
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+COMMANDS = ["ls", "pwd", "touch spec-{h}; ls spec-* | wc -l", "echo {h} >> log.txt; tail -n 2 log.txt",
+            "find . -type f | sort | head -n 5", "cat nope-{h}"]
+SANDBOX = SandboxConfig(timeout_s=10, output_cap=512)
+LATENCY = EmulatedLatency("fixed", 0.02)
+SAMPLING = Sampling(max_turns=6, max_new_tokens=400, max_context=6000, seed=11)
+
+
+def tasks(n):
+    return generate_builtin(TasksConfig(num_instances=n, families=("count-lines", "find-by-name")))[0]
+
+
+class Recording:
+    """Collects events; checks accounting."""
+
+    def __init__(self):
+        self.events = []
+
+    def __call__(self, e):
+        self.events.append(e)
+
+    def kinds(self):
+        return Counter(e.kind for e in self.events)
+
+
+def run(task_list, speculative, predictor=None, group=1, executed=None, token_delay=0.0005):
+    tok = ByteTokenizer()
+    fmt = ChatFormat(tok)
+    policy = ScriptedPolicy(tok, COMMANDS, token_delay=token_delay)
+    bus = EventBus()
+    rec = Recording()
+    bus.subscribe(rec)
+    sched = Scheduler(policy, fmt, bus, SAMPLING, cap=SANDBOX.output_cap, predictor=predictor)
+    episodes = [t for t in task_list for _ in range(group)]
+
+    def make_tool(task, episode):
+        tool = SandboxTool(task, episode, SANDBOX, LATENCY)
+        if executed is not None:
+            original = tool.run
+
+            async def run_and_record(command, turn):
+                executed.append((episode, command))
+                return await original(command, turn)
+
+            tool.run = run_and_record
+        return tool
+
+    trajs = asyncio.run(sched.run_batch(episodes, make_tool, speculative))
+    return trajs, rec, policy
+
+
+def oracle_from(task_list, trajs, group=1):
+    episodes = [t for t in task_list for _ in range(group)]
+    return Oracle([(task.content_hash(), [t.command for t in tr.turns if t.kind == "bash"],
+                    [t.observation for t in tr.turns if t.kind == "bash"])
+                   for task, tr in zip(episodes, trajs)])
+
+
+def assert_lossless(seq, spec):
+    assert len(seq) == len(spec)
+    for a, b in zip(seq, spec):
+        assert not a.infra_error and not b.infra_error, (a.infra_error, b.infra_error)
+        assert a.ids == b.ids, f"LOSSLESS violated: episode {a.episode} token ids differ"
+        assert a.policy_mask == b.policy_mask and a.wm_mask == b.wm_mask, f"episode {a.episode}: masks differ"
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6), f"episode {a.episode}: logprobs differ"
+        assert a.reward == b.reward, f"episode {a.episode}: rewards differ"
+
+
+def assert_accounted(rec):
+    started = Counter()
+    ended = Counter()
+    for e in rec.events:
+        if e.kind == "wm_start":
+            started[e.data["request_id"]] += 1
+        if e.kind == "spec_start":
+            started[e.data["request_id"]] += 1
+        if e.kind == "request_end":
+            ended[e.data["request_id"]] += 1
+            assert e.data["outcome"] in ("committed", "cancelled", "failed")
+            if e.data["outcome"] == "cancelled":
+                assert e.data["reason"], "ACCOUNTING: a cancelled request has no reason"
+    assert started == ended, "ACCOUNTING: some speculative request never ended (or ended twice)"
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    ts = tasks(10)
+    seq, rec, _ = run(ts, speculative=False, group=5)  # 50 episodes, GRPO groups of 5
+    return ts, seq
+
+
+def test_fifty_episodes_lossless_with_oracle(baseline):
+    ts, seq = baseline
+    assert len(seq) == 50 and sum(len(t.turns) for t in seq) > 100
+    spec, rec, _ = run(ts, speculative=True, predictor=oracle_from(ts, seq, 5), group=5)
+    assert_lossless(seq, spec)
+    kinds = rec.kinds()
+    assert kinds["match"] > 50 and kinds["rollback"] == 0
+    assert_accounted(rec)
+
+
+def test_lossless_under_forced_rollbacks(baseline):
+    ts, seq = baseline
+    predictor = Corrupting(oracle_from(ts, seq, 5), every=2)
+    spec, rec, _ = run(ts, speculative=True, predictor=predictor, group=5)
+    assert_lossless(seq, spec)
+    assert rec.kinds()["rollback"] > 20 and rec.kinds()["match"] > 20
+    assert_accounted(rec)
+
+
+def test_lossless_when_the_tool_always_wins(baseline):
+    ts, seq = baseline
+    spec, rec, _ = run(ts, speculative=True, predictor=Delayed(oracle_from(ts, seq, 5), 5.0), group=5)
+    assert_lossless(seq, spec)
+    assert rec.kinds()["exec_won"] > 50 and rec.kinds()["match"] == 0
+    assert_accounted(rec)
+
+
+class WrongThenRight:
+    """Breadth 2: a wrong draft first, the right one second."""
+
+    name = "breadth2"
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def predict(self, request):
+        right = await self.inner.predict(request)
+        return [Draft("wrong\n(exit_code=0)")] + right
+
+    def learn(self, request, body):
+        pass
+
+
+def test_lossless_with_breadth_two(baseline):
+    ts, seq = baseline
+    spec, rec, _ = run(ts, speculative=True, predictor=WrongThenRight(oracle_from(ts, seq, 5)), group=5)
+    assert_lossless(seq, spec)
+    reasons = Counter(e.data["reason"] for e in rec.events if e.kind == "request_end")
+    assert reasons["other_draft"] > 20, reasons
+    assert_accounted(rec)
+
+
+def test_speculative_request_draws_the_sequential_seed(baseline):
+    ts, seq = baseline
+    _, _, seq_policy = run(ts[:2], speculative=False)
+    _, _, spec_policy = run(ts[:2], speculative=True, predictor=oracle_from(ts[:2], seq[::5][:2]))
+    key = lambda r: (tuple(r.prompt_ids), r.seed, r.max_new_tokens, r.temperature)
+    seq_requests = {key(r) for r in seq_policy.requests}
+    assert seq_requests <= {key(r) for r in spec_policy.requests}, \
+        "SEEDS: a sequential request (prompt, seed) was never issued speculatively or otherwise"
+
+
+def test_no_speculative_side_effects(baseline):
+    ts, seq = baseline
+    executed = []
+    predictor = Corrupting(oracle_from(ts, seq, 5), every=1)  # every speculation is rolled back
+    spec, rec, policy = run(ts, speculative=True, predictor=predictor, group=5, executed=executed)
+    committed = [(tr.episode, t.command) for tr in spec for t in tr.turns if t.kind == "bash"]
+    assert sorted(executed) == sorted(committed), "SIDE EFFECTS: an uncommitted action was executed"
+    assert rec.kinds()["spec_start"] > 20  # speculative actions were generated (and discarded)
+    assert_lossless(seq, spec)
+
+
+def test_events_are_timestamped_and_ordered(baseline):
+    ts, seq = baseline
+    _, rec, _ = run(ts[:1], speculative=True, predictor=oracle_from(ts[:1], seq[:1]))
+    times = [e.t for e in rec.events]
+    assert times == sorted(times)
+    assert rec.events[0].kind == "episode_start" and rec.events[-1].kind == "episode_end"

@@ -1,0 +1,163 @@
+"""Metrics from the event stream (names per DESIGN.md section 4), and a Chrome-trace export.
+
+    metrics = SpecMetrics(); bus.subscribe(metrics); ...; metrics.summary()
+
+- spec/exact_frac               matches / drafts that arrived before the tool
+- spec/exec_won_frac            world-model requests the tool beat / world-model requests
+- spec/rollback_frac            rollbacks / drafts that arrived before the tool
+- spec/overlap_sec              speculative policy time that ran while the tool was running
+- spec/block_sec                time a committed speculative generation was still running
+                                after the tool finished (the turn waited on it)
+- spec/policy_tokens_discarded  tokens of cancelled speculative policy generations
+- spec/wm_tokens_total, spec/wm_tokens_matched
+plus per-trajectory latency (p50/p95, mean) and request accounting.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+
+from obsspec.rollout.events import Event
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+class SpecMetrics:
+    def __init__(self):
+        self.counts = Counter()
+        self.outcomes = Counter()             # (role, outcome) -> n
+        self.latencies: dict[int, float] = {}
+        self.rewards: dict[int, float | None] = {}
+        self.policy_tokens_discarded = 0
+        self.wm_tokens_total = 0
+        self.wm_tokens_matched = 0
+        self.overlap_sec = 0.0
+        self.block_sec = 0.0
+        self._exec_done: dict[tuple[int, int], float] = {}
+        self._spec_started: dict[str, tuple[float, int, int]] = {}
+        self._spec_done: dict[str, float] = {}
+        self._draft_tokens: dict[tuple[int, int], int] = {}
+        self.running: dict[int, dict] = {}    # episode -> {turn, phase} for live displays
+
+    def __call__(self, e: Event) -> None:
+        self.counts[e.kind] += 1
+        d = e.data
+        if e.kind == "episode_start":
+            self.running[e.episode] = {"turn": 0, "phase": "start", "task_id": d.get("task_id", "")}
+        elif e.kind == "episode_end":
+            self.running.pop(e.episode, None)
+            self.latencies[e.episode] = d["latency_sec"]
+            self.rewards[e.episode] = d["reward"]
+        elif e.kind in ("policy_start", "exec_start", "wm_start"):
+            if e.episode in self.running and not d.get("speculative"):
+                self.running[e.episode].update(turn=e.turn, phase={
+                    "policy_start": "generating", "exec_start": "tool", "wm_start": "tool+wm"}[e.kind])
+        elif e.kind == "exec_done":
+            self._exec_done[(e.episode, e.turn)] = e.t
+        elif e.kind == "spec_start":
+            self._spec_started[d["request_id"]] = (e.t, e.episode, e.turn - 1)
+        elif e.kind == "policy_done" and d.get("speculative"):
+            self._spec_done[d["request_id"]] = e.t
+        elif e.kind == "wm_draft":
+            self.wm_tokens_total += d["tokens"]
+            self._draft_tokens[(e.episode, e.turn)] = d["tokens"]
+        elif e.kind == "match":
+            self.wm_tokens_matched += self._draft_tokens.get((e.episode, e.turn), 0)
+        elif e.kind == "request_end":
+            self.outcomes[(d["role"], d["outcome"])] += 1
+            if d["role"] == "policy" and d["outcome"] == "cancelled":
+                self.policy_tokens_discarded += d["tokens"]
+            if d["role"] == "policy" and d["request_id"] in self._spec_started:
+                self._time_speculation(d["request_id"], e.t, d["outcome"] == "committed")
+
+    def _time_speculation(self, request_id: str, t_end: float, committed: bool) -> None:
+        start, episode, turn = self._spec_started.pop(request_id)
+        exec_done = self._exec_done.get((episode, turn), t_end)
+        done = self._spec_done.pop(request_id, t_end)
+        if committed:
+            self.overlap_sec += max(0.0, min(done, exec_done) - start)
+            self.block_sec += max(0.0, done - exec_done)
+
+    # -- summaries ----------------------------------------------------------------------------------
+    @property
+    def drafts_in_time(self) -> int:
+        return self.counts["match"] + self.counts["rollback"]
+
+    def summary(self) -> dict:
+        c = self.counts
+        wm = c["wm_start"]
+        in_time = self.drafts_in_time
+        lat = list(self.latencies.values())
+        rewards = [r for r in self.rewards.values() if r is not None]
+        return {
+            "episodes": len(self.latencies),
+            "latency_p50_sec": percentile(lat, 0.5), "latency_p95_sec": percentile(lat, 0.95),
+            "latency_mean_sec": statistics.fmean(lat) if lat else None,
+            "reward_mean": statistics.fmean(rewards) if rewards else None,
+            "infra_failures": sum(1 for r in self.rewards.values() if r is None),
+            "spec/exact_frac": c["match"] / in_time if in_time else None,
+            "spec/exec_won_frac": c["exec_won"] / wm if wm else None,
+            "spec/rollback_frac": c["rollback"] / in_time if in_time else None,
+            "spec/no_draft": c["wm_draft"] - in_time if c["wm_draft"] >= in_time else 0,
+            "spec/overlap_sec": self.overlap_sec, "spec/block_sec": self.block_sec,
+            "spec/policy_tokens_discarded": self.policy_tokens_discarded,
+            "spec/wm_tokens_total": self.wm_tokens_total,
+            "spec/wm_tokens_matched": self.wm_tokens_matched,
+            "spec/requests": {f"{role}/{outcome}": n for (role, outcome), n in sorted(self.outcomes.items())},
+        }
+
+
+def chrome_trace(events: list[dict]) -> dict:
+    """Trace events (JSONL rows) -> Chrome trace format: one row per episode (tid), spans for
+    policy generation, tool execution, world-model prediction and speculative generation."""
+    out, open_spans = [], {}
+    begin = {"policy_start": "policy", "exec_start": "tool", "wm_start": "world model", "spec_start": "speculative policy"}
+    finish = {"policy_done": "policy", "exec_done": "tool", "wm_draft": "world model", "exec_won": "world model"}
+    for ev in events:
+        kind, ep, t = ev["kind"], ev["episode"], ev["t"] * 1e6
+        pid = 1 if ev.get("mode", "speculative") == "speculative" else 0
+        rid = ev.get("request_id", "")
+        if kind in begin:
+            name = begin[kind] if not (kind == "policy_start" and ev.get("speculative")) else None
+            if name:
+                open_spans[(pid, ep, name, rid if name != "tool" else "")] = t
+            if kind == "spec_start":
+                open_spans[(pid, ep, "speculative policy", rid)] = t
+        elif kind in finish or (kind == "request_end" and ev.get("role") == "policy"):
+            name = finish.get(kind, "speculative policy")
+            if kind == "policy_done" and ev.get("speculative"):
+                name = "speculative policy"
+            key = (pid, ep, name, rid if name != "tool" else "")
+            if kind == "exec_won":
+                key = (pid, ep, "world model", rid)
+            start = open_spans.pop(key, None)
+            if start is not None:
+                out.append({"name": name, "ph": "X", "ts": start, "dur": max(0.0, t - start),
+                            "pid": pid, "tid": ep, "args": {"turn": ev["turn"], **_args(ev)}})
+        elif kind in ("match", "rollback"):
+            out.append({"name": kind, "ph": "i", "s": "t", "ts": t, "pid": pid, "tid": ep})
+    meta = [{"name": "process_name", "ph": "M", "pid": p, "args": {"name": n}}
+            for p, n in ((0, "sequential"), (1, "speculative"))]
+    return {"traceEvents": meta + out, "displayTimeUnit": "ms"}
+
+
+def _args(ev: dict) -> dict:
+    return {k: v for k, v in ev.items() if k in ("command", "exit_code", "tokens", "outcome", "reason")}
+
+
+def export_chrome_trace(trace_jsonl: str, out_path: str) -> int:
+    with open(trace_jsonl) as f:
+        events = [json.loads(line) for line in f if line.strip()]
+    trace = chrome_trace(events)
+    with open(out_path, "w") as f:
+        json.dump(trace, f)
+    return len(trace["traceEvents"])

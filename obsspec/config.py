@@ -21,6 +21,8 @@ from typing import Any
 import yaml
 
 from obsspec.env.sandbox import SandboxConfig
+from obsspec.models.config import KitConfig
+from obsspec.rollout.config import PolicyConfig, RolloutConfig, WorldModelConfig
 
 
 class ConfigError(ValueError):
@@ -64,6 +66,10 @@ class Recipe:
     seed: int = doc(0, "Global seed.")
     sandbox: SandboxConfig = doc(SandboxConfig(), "Sandbox isolation and limits (see SandboxConfig).")
     tasks: TasksConfig = doc(TasksConfig(), "Task suite generation and import.")
+    kit: KitConfig = doc(KitConfig(), "The tiny local model kit (used when a model is 'tiny').")
+    policy: PolicyConfig = doc(PolicyConfig(), "The policy model and how it samples.")
+    world_model: WorldModelConfig = doc(WorldModelConfig(), "The world model that drafts observations.")
+    rollout: RolloutConfig = doc(RolloutConfig(), "Rollouts: mode, predictor, tasks, latency.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,214 @@
+"""`obsspec rollout`: a batch of episodes, sequential, speculative or both side by side.
+
+    summary = run_rollout(recipe, out_dir="runs/rollout", mode="both", live="auto")
+
+Writes under `out_dir`:
+- `episodes.jsonl`                 the tasks in episode order (what --replay needs)
+- `trajectories-<mode>.jsonl`      token ids, masks, logprobs, turns, reward per episode
+- `trace-<mode>.jsonl`             every event; `trace.json` is the Chrome/Perfetto timeline
+- `summary.json`                   the side-by-side table and whether the modes were token-identical
+With `replay_dir`, tools are not executed: each episode answers from that run's recorded
+observations and recorded tool latencies, to evaluate another predictor on the same episodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+
+from obsspec.config import Recipe
+from obsspec.env.suite import load_tasks, prepare_tasks
+from obsspec.env.task import Task
+from obsspec.rollout.events import EventBus, JsonlTrace
+from obsspec.rollout.metrics import SpecMetrics, export_chrome_trace
+from obsspec.rollout.predictors import HistoryCache, NoPredictor, Oracle, WorldModelPredictor
+from obsspec.rollout.scheduler import Sampling, Scheduler
+from obsspec.rollout.tools import ReplayTool, SandboxTool
+from obsspec.rollout.trajectory import Trajectory
+from obsspec.ui.display import Display
+
+
+class RolloutError(ValueError):
+    """A problem with the user's inputs (missing replay run, oracle without a recording)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: tasks, models, engines
+
+
+async def episode_tasks(recipe: Recipe, display: Display) -> list[Task]:
+    cfg = recipe.rollout
+    tasks_dir = cfg.tasks_dir or os.path.join(recipe.run_dir, "tasks")
+    if not os.path.exists(os.path.join(tasks_dir, "trajectories.jsonl")):
+        display.log(f"no prepared task suite at {tasks_dir}: preparing it now")
+        await prepare_tasks(recipe, tasks_dir, display)
+    tasks = load_tasks(os.path.join(tasks_dir, f"{cfg.split}.jsonl"))[: cfg.num_tasks]
+    return [t for t in tasks for _ in range(cfg.group_size)]
+
+
+def model_paths(recipe: Recipe, display: Display) -> tuple[str, str]:
+    """Policy and world-model locations; builds the tiny kit when either is 'tiny'."""
+    policy, wm = recipe.policy.model, recipe.world_model.model
+    if "tiny" in (policy, wm):
+        from obsspec.models.kit import ensure_kit
+
+        tasks_dir = recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks")
+        kit = ensure_kit(tasks_dir, recipe.rollout.kit_cache, recipe.kit, display)
+        policy = kit.policy if policy == "tiny" else policy
+        wm = kit.world_model if wm == "tiny" else wm
+    return policy, wm
+
+
+def hf_engine(path: str, batch_invariant: bool, device: str, max_batch_size: int = 32):
+    from obsspec.engines.hf import HFEngine
+    from obsspec.models.tiny import load_pretrained
+
+    model, tokenizer = load_pretrained(path, device=device)
+    return HFEngine(model, tokenizer, batch_invariant=batch_invariant,
+                    max_batch_size=max_batch_size, device=device), tokenizer
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, display: Display) -> dict:
+    from obsspec.tokens import ChatFormat
+
+    cfg, pol = recipe.rollout, recipe.policy
+    if replay_dir:
+        episodes, recorded = _load_replay(replay_dir)
+    else:
+        episodes, recorded = await episode_tasks(recipe, display), None
+    policy_path, wm_path = model_paths(recipe, display)
+    policy, tokenizer = hf_engine(policy_path, pol.batch_invariant, pol.device, pol.max_batch_size)
+    fmt = ChatFormat(tokenizer)
+    wm_engine = None
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "episodes.jsonl"), "w") as f:
+        for i, t in enumerate(episodes):
+            f.write(json.dumps({"episode": i, "task": t.to_dict()}, sort_keys=True) + "\n")
+
+    sampling = Sampling(max_turns=pol.max_turns, max_new_tokens=pol.max_new_tokens,
+                        max_context=pol.max_context, temperature=pol.temperature, top_p=pol.top_p,
+                        seed=cfg.seed)
+    modes = ["sequential", "speculative"] if mode == "both" else [mode]
+    results: dict[str, list[Trajectory]] = {}
+    summaries: dict[str, dict] = {}
+    try:
+        for m in modes:
+            predictor = None
+            if m == "speculative":
+                if cfg.predictor == "world_model" and wm_engine is None:
+                    wm = recipe.world_model
+                    wm_engine, _ = hf_engine(wm_path, wm.batch_invariant, wm.device)
+                    if wm.adapter:
+                        await wm_engine.load_adapter("wm-v0", wm.adapter)
+                predictor = _predictor(recipe, fmt, wm_engine, results.get("sequential"), recorded, episodes)
+            bus = EventBus()
+            metrics = SpecMetrics()
+            trace = JsonlTrace(os.path.join(out_dir, f"trace-{m}.jsonl"), m)
+            bus.subscribe(metrics)
+            bus.subscribe(trace)
+            sched = Scheduler(policy, fmt, bus, sampling, cap=recipe.sandbox.output_cap, predictor=predictor)
+            live.start(metrics, len(episodes), f"{m} rollout")
+            try:
+                results[m] = await sched.run_batch(
+                    episodes, _tool_factory(recipe, recorded), speculative=(m == "speculative"),
+                    concurrency=cfg.concurrency)
+            finally:
+                live.stop()
+                trace.close()
+            summaries[m] = {**metrics.summary(),
+                            "predictor": predictor.name if predictor else None}
+            with open(os.path.join(out_dir, f"trajectories-{m}.jsonl"), "w") as f:
+                for tr in results[m]:
+                    f.write(json.dumps(tr.to_dict(), sort_keys=True) + "\n")
+    finally:
+        policy.close()
+        if wm_engine is not None:
+            wm_engine.close()
+    _merge_traces(out_dir, modes)
+    summary = {"command": "rollout", "out_dir": out_dir, "episodes": len(episodes),
+               "replay_of": replay_dir or None, "modes": summaries,
+               "tool_latency": {"emulated": cfg.latency.kind != "none", "kind": cfg.latency.kind,
+                                "median_s": cfg.latency.median_s}}
+    if len(modes) == 2:
+        summary["comparison"] = compare(results["sequential"], results["speculative"])
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+    return summary
+
+
+def _predictor(recipe: Recipe, fmt, wm_engine, sequential, recorded, episodes):
+    kind = recipe.rollout.predictor
+    if kind == "none":
+        return NoPredictor()
+    if kind == "history":
+        return HistoryCache()
+    if kind == "oracle":
+        source = sequential or (recorded and [Trajectory.from_dict(r) for r in recorded])
+        if not source:
+            raise RolloutError("rollout.predictor=oracle needs recorded observations: use "
+                               "--mode both (it records the sequential run) or --replay RUN_DIR")
+        return Oracle([(task.content_hash(), [t.command for t in tr.turns if t.kind == "bash"],
+                        [t.observation for t in tr.turns if t.kind == "bash"])
+                       for task, tr in zip(episodes, source)])
+    wm = recipe.world_model
+    return WorldModelPredictor(wm_engine, fmt, cap=recipe.sandbox.output_cap, max_tokens=wm.max_tokens,
+                               breadth=recipe.rollout.breadth, temperature=wm.temperature,
+                               adapter="wm-v0" if wm.adapter else None, seed=recipe.rollout.seed)
+
+
+def _tool_factory(recipe: Recipe, recorded):
+    if recorded is not None:
+        return lambda task, episode: ReplayTool(recorded[episode]["turns"], recorded[episode]["reward"])
+    return lambda task, episode: SandboxTool(task, episode, recipe.sandbox, recipe.rollout.latency)
+
+
+def _load_replay(run_dir: str) -> tuple[list[Task], list[dict]]:
+    eps = os.path.join(run_dir, "episodes.jsonl")
+    for mode in ("sequential", "speculative"):
+        path = os.path.join(run_dir, f"trajectories-{mode}.jsonl")
+        if os.path.exists(path) and os.path.exists(eps):
+            break
+    else:
+        raise RolloutError(f"{run_dir}: not a rollout run directory (no episodes.jsonl and "
+                           "trajectories-*.jsonl)")
+    with open(eps) as f:
+        tasks = [Task.from_dict(json.loads(line)["task"]) for line in f if line.strip()]
+    with open(path) as f:
+        recorded = [json.loads(line) for line in f if line.strip()]
+    return tasks, recorded
+
+
+def _merge_traces(out_dir: str, modes: list[str]) -> None:
+    merged = os.path.join(out_dir, "trace-all.jsonl")
+    with open(merged, "w") as out:
+        for m in modes:
+            with open(os.path.join(out_dir, f"trace-{m}.jsonl")) as f:
+                out.write(f.read())
+    export_chrome_trace(merged, os.path.join(out_dir, "trace.json"))
+    os.remove(merged)
+
+
+def compare(seq: list[Trajectory], spec: list[Trajectory]) -> dict:
+    """Token identity and latency reduction of speculative against sequential, per episode."""
+    differing = [a.episode for a, b in zip(seq, spec)
+                 if not a.tokens_equal(b) or a.reward != b.reward
+                 or any(abs(x - y) > 1e-4 for x, y in zip(a.logprobs, b.logprobs))]
+    pairs = [(a.latency_sec, b.latency_sec) for a, b in zip(seq, spec)
+             if not a.infra_error and not b.infra_error and a.latency_sec > 0]
+    seq_mean = statistics.fmean(p[0] for p in pairs) if pairs else None
+    spec_mean = statistics.fmean(p[1] for p in pairs) if pairs else None
+    return {
+        "token_identical": not differing, "episodes_differing": differing,
+        "latency_mean_sequential_sec": seq_mean, "latency_mean_speculative_sec": spec_mean,
+        "mean_latency_reduction": (1 - spec_mean / seq_mean) if pairs and seq_mean else None,
+        "mean_per_episode_reduction": statistics.fmean(1 - b / a for a, b in pairs) if pairs else None,
+    }
+
+
+def run_rollout(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, display: Display) -> dict:
+    return asyncio.run(_run(recipe, out_dir, mode, replay_dir, live, display))

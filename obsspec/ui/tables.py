@@ -1,0 +1,50 @@
+"""Tables people read at the end of a command (rich), from a command's summary dict."""
+
+from __future__ import annotations
+
+
+def _cell(v, pct: bool = False) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if pct:
+        return f"{100 * v:.1f}%"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+ROWS = [  # (label, key, as percentage)
+    ("episodes", "episodes", False),
+    ("latency p50 (s)", "latency_p50_sec", False),
+    ("latency p95 (s)", "latency_p95_sec", False),
+    ("latency mean (s)", "latency_mean_sec", False),
+    ("reward mean", "reward_mean", False),
+    ("hit rate (spec/exact_frac)", "spec/exact_frac", True),
+    ("exec_won", "spec/exec_won_frac", True),
+    ("rollbacks", "spec/rollback_frac", True),
+    ("overlap (s)", "spec/overlap_sec", False),
+    ("blocked on speculation (s)", "spec/block_sec", False),
+    ("policy tokens wasted", "spec/policy_tokens_discarded", False),
+    ("infra failures", "infra_failures", False),
+]
+
+
+def print_rollout_table(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    modes = summary["modes"]
+    table = Table(title="rollout" + (" (tool latency includes EMULATED remote latency)"
+                                     if summary["tool_latency"]["emulated"] else ""))
+    table.add_column("")
+    for m in modes:
+        table.add_column(m, justify="right")
+    for label, key, pct in ROWS:
+        table.add_row(label, *(_cell(modes[m].get(key), pct) for m in modes))
+    console = Console()
+    console.print(table)
+    comp = summary.get("comparison")
+    if comp:
+        console.print(f"mean latency reduction: {_cell(comp['mean_latency_reduction'], True)}; "
+                      f"token-identical: {_cell(comp['token_identical'])}"
+                      + (f" (episodes differing: {comp['episodes_differing']})" if comp["episodes_differing"] else ""))

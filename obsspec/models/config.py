@@ -1,0 +1,61 @@
+"""The kit's recipe section: sizes and training budgets of the tiny local models.
+
+Frozen dataclasses, one `help` per field (obsspec/config.py loads them from YAML). This module
+imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _doc(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """One tiny Qwen3 model: its shape and its supervised training budget."""
+
+    hidden_size: int = _doc(256, "Width of the residual stream.")
+    num_layers: int = _doc(4, "Transformer blocks.")
+    num_heads: int = _doc(4, "Attention (query) heads.")
+    num_kv_heads: int = _doc(2, "Key/value heads (grouped-query attention); must divide num_heads.")
+    head_dim: int = _doc(64, "Width of one attention head.")
+    intermediate_size: int = _doc(768, "Width of the MLP's hidden layer.")
+    epochs: float = _doc(3.0, "Passes over the training examples.")
+    learning_rate: float = _doc(2e-3, "Peak learning rate (AdamW, cosine decay, 5% warm-up).")
+    batch_size: int = _doc(8, "Sequences per optimizer step.")
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
+        if self.epochs < 0 or self.learning_rate <= 0:
+            raise ValueError("epochs must be >= 0 and learning_rate > 0")
+
+
+@dataclass(frozen=True)
+class KitConfig:
+    """What `ensure_kit` builds when the recipe names no hub models."""
+
+    vocab_size: int = _doc(4096, "Size of the byte-level BPE vocabulary trained on the task corpus "
+                                 "(special tokens included).")
+    max_length: int = _doc(2048, "Longest training sequence in tokens; longer trajectories are "
+                                 "dropped (and counted). Also the models' position limit.")
+    seed: int = _doc(0, "Seed of model initialisation and data order.")
+    policy: TinyModelConfig = _doc(TinyModelConfig(), "The policy (warm-started on reference "
+                                   "solutions of the train split; loss on action tokens only).")
+    world_model: TinyModelConfig = _doc(
+        TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
+                        intermediate_size=384, epochs=4.0, learning_rate=3e-3),
+        "The world-model base (pre-trained to write real observations; loss on body + closing tag).")
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 300:
+            raise ValueError(f"vocab_size must be >= 300 (256 bytes + special tokens), got {self.vocab_size}")
+        if self.max_length < 64:
+            raise ValueError(f"max_length must be >= 64, got {self.max_length}")

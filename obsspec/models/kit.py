@@ -1,0 +1,152 @@
+"""`ensure_kit`: build the tiny local models once, then reuse them from a cache.
+
+    paths = ensure_kit("runs/tasks", ".cache/kit", KitConfig(), display)
+    model, tokenizer = load_pretrained(paths.policy)
+
+Run: python -m obsspec.models.kit TASKS_DIR [--cache .cache/kit] [--display plain]
+
+What it builds from a prepared task suite (`obsspec prepare-tasks`; only `trajectories.jsonl` is
+read, and only its train split is trained on):
+1. the tokenizer (obsspec/models/tokenizer.py), trained on the train trajectories' text;
+2. the policy: a tiny Qwen3, warm-started on the reference solutions (loss on actions only);
+3. the world-model base: a smaller tiny Qwen3, pre-trained to write the real observations.
+Each lands in an ordinary model folder (weights + config + tokenizer) under
+`cache_dir/kit-<key>/`, where key = sha256 of (kit format, config, sha256 of trajectories.jsonl):
+a second call with the same inputs returns at once, and any change builds a fresh kit. A kit is
+built in a temporary folder and renamed into place, so a crash never leaves a half kit behind.
+`kit.json` there records the config, sizes, losses and timings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+
+from obsspec.models.config import KitConfig
+from obsspec.ui.display import Display, NullDisplay
+
+KIT_FORMAT = 1  # bump when the layout or the training recipe changes, to invalidate old kits
+TRAJECTORIES = "trajectories.jsonl"
+
+
+@dataclass(frozen=True)
+class KitPaths:
+    root: str
+    tokenizer: str
+    policy: str
+    world_model: str
+    report: str  # kit.json
+
+    @classmethod
+    def under(cls, root: str) -> KitPaths:
+        join = os.path.join
+        return cls(root, join(root, "tokenizer"), join(root, "policy"), join(root, "world_model"),
+                   join(root, "kit.json"))
+
+    def read_report(self) -> dict:
+        with open(self.report) as f:
+            return json.load(f)
+
+
+def kit_key(tasks_dir: str, cfg: KitConfig) -> str:
+    with open(os.path.join(tasks_dir, TRAJECTORIES), "rb") as f:
+        corpus = hashlib.sha256(f.read()).hexdigest()
+    blob = json.dumps({"format": KIT_FORMAT, "config": dataclasses.asdict(cfg),
+                       "corpus": {TRAJECTORIES: corpus}}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def ensure_kit(tasks_dir: str, cache_dir: str, cfg: KitConfig = KitConfig(),
+               display: Display | None = None) -> KitPaths:
+    """The kit for this suite and config: from the cache, or built now (minutes on 2 CPU cores)."""
+    display = display or NullDisplay()
+    if not os.path.exists(os.path.join(tasks_dir, TRAJECTORIES)):
+        raise FileNotFoundError(f"{tasks_dir}: no {TRAJECTORIES} (run `obsspec prepare-tasks` first)")
+    paths = KitPaths.under(os.path.join(cache_dir, f"kit-{kit_key(tasks_dir, cfg)[:16]}"))
+    if os.path.exists(paths.report):
+        display.log(f"tiny model kit: cached at {paths.root}")
+        return paths
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".building-", dir=cache_dir)
+    try:
+        build_kit(tasks_dir, tmp, cfg, display)
+        try:
+            os.rename(tmp, paths.root)
+        except OSError:  # another process finished the same kit first: theirs is as good
+            if not os.path.exists(paths.report):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return paths
+
+
+def read_trajectories(tasks_dir: str) -> list[dict]:
+    with open(os.path.join(tasks_dir, TRAJECTORIES)) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, display: Display) -> dict:
+    """Train tokenizer, policy and world-model base into `out_dir`; return (and write) the report."""
+    from obsspec.models import tiny, warmstart
+    from obsspec.models.tokenizer import corpus_texts, train_tokenizer
+    from obsspec.tokens import ChatFormat
+
+    t0 = time.monotonic()
+    paths = KitPaths.under(out_dir)
+    rows = [r for r in read_trajectories(tasks_dir) if r.get("reward") == 1.0]
+    train_rows = [r for r in rows if r.get("split") == "train"]
+    val_rows = [r for r in rows if r.get("split") == "val"]
+    if not train_rows:
+        raise ValueError(f"{tasks_dir}/{TRAJECTORIES}: no successful train trajectories to learn from")
+    report: dict = {"format": KIT_FORMAT, "config": dataclasses.asdict(cfg), "tasks_dir": tasks_dir,
+                    "trajectories": {"train": len(train_rows), "val": len(val_rows)}}
+
+    display.log(f"tiny model kit: training a {cfg.vocab_size}-token BPE on "
+                f"{len(train_rows)} train trajectories")
+    tokenizer = train_tokenizer(corpus_texts(train_rows), cfg.vocab_size)
+    tokenizer.save_pretrained(paths.tokenizer)
+    fmt = ChatFormat(tokenizer)
+    report["tokenizer"] = {"vocab": len(tokenizer), "sec": round(time.monotonic() - t0, 1)}
+
+    for name, mcfg, path in (("policy", cfg.policy, paths.policy),
+                             ("world_model", cfg.world_model, paths.world_model)):
+        train_ex, dropped = warmstart.examples(fmt, train_rows, name, cfg.max_length)
+        val_ex, val_dropped = warmstart.examples(fmt, val_rows, name, cfg.max_length)
+        model = tiny.build_model(mcfg, tokenizer, cfg.max_length, cfg.seed)
+        display.log(f"tiny model kit: {name}: {tiny.count_parameters(model) / 1e6:.2f}M parameters, "
+                    f"{len(train_ex)} examples ({dropped} longer than {cfg.max_length} tokens dropped)")
+        stats = warmstart.train(model, tokenizer, train_ex, val_ex, mcfg,
+                                os.path.join(out_dir, f".{name}-trainer"), cfg.seed, name, display)
+        tiny.save(model, tokenizer, path)
+        report[name] = {"parameters": tiny.count_parameters(model), "dropped_too_long": dropped,
+                        "val_dropped_too_long": val_dropped, **stats}
+    report["build_sec"] = round(time.monotonic() - t0, 1)
+    with open(paths.report, "w") as f:
+        json.dump(report, f, indent=2, sort_keys=True)
+        f.write("\n")
+    display.log(f"tiny model kit: built in {report['build_sec']:.0f}s")
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from obsspec.ui.display import make_display
+
+    p = argparse.ArgumentParser(prog="python -m obsspec.models.kit", description=__doc__.split("\n")[0])
+    p.add_argument("tasks_dir", help="a prepared task suite (obsspec prepare-tasks --out DIR)")
+    p.add_argument("--cache", default=".cache/kit", help="where kits are cached")
+    p.add_argument("--display", default="auto", choices=["auto", "rich", "plain", "none"])
+    args = p.parse_args(argv)
+    paths = ensure_kit(args.tasks_dir, args.cache, KitConfig(), make_display(args.display))
+    print(json.dumps({**dataclasses.asdict(paths), "report": paths.read_report()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""A byte-level BPE tokenizer trained on the task corpus, shared by the policy and the world model.
+
+    tok = train_tokenizer(corpus_texts(trajectories), vocab_size=4096)
+    tok.save_pretrained("kit/tokenizer")          # AutoTokenizer.from_pretrained("kit/tokenizer")
+
+- Byte-level: every string encodes, and `decode(encode(s)) == s` (no normalizer, no cleanup).
+- Pre-tokenization splits like Qwen2/3 (single digits, words with one leading non-letter).
+- Special tokens `<|endoftext|>` (pad), `<|im_start|>`, `<|im_end|>` (eos); `<tool_call>`,
+  `</tool_call>`, `<tool_response>`, `</tool_response>` are atomic added tokens that are NOT
+  special (as in Qwen3), so `decode(..., skip_special_tokens=True)` keeps them. Ids 0..6, in
+  that order.
+- A Qwen3-like `chat_template` (system/user/assistant/tool messages) whose text for a trajectory
+  is exactly the layout of obsspec/tokens.py.
+- Deterministic: the same texts give a byte-identical `tokenizer.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from obsspec import chat
+from obsspec.tokens import AFTER_OBS, ENDOFTEXT, IM_END, IM_START, OBS_PREFIX, prompt_text
+
+SPECIAL = (ENDOFTEXT, IM_START, IM_END)
+TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+# Qwen2/Qwen3's pre-tokenizer pattern.
+SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_ATOMIC = re.compile("|".join(re.escape(t) for t in (*SPECIAL, *TOOL_TAGS)))
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def corpus_texts(trajectories: Iterable[dict]) -> list[str]:
+    """One text per trajectory, laid out as the policy sees it (obsspec/tokens.py).
+
+    `trajectories` are rows of a suite's trajectories.jsonl: instruction + steps [{command,
+    observation}]. The tools description is in every prompt, so its words become few tokens.
+    """
+    texts = []
+    for row in trajectories:
+        parts = [prompt_text(row["instruction"])]
+        for step in row["steps"]:
+            parts += [chat.render_bash(step["command"]), IM_END,
+                      OBS_PREFIX, step["observation"], chat.OBS_CLOSE, AFTER_OBS]
+        parts += [chat.render_done(), IM_END]
+        texts.append("".join(parts))
+    return texts
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:
+    """Train the BPE on `texts` (in order) and wrap it as a transformers tokenizer."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, show_progress=False,
+        special_tokens=[*SPECIAL, *TOOL_TAGS],  # ids 0..6
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    # The atomic tokens are cut out of the training text so that no merge is spent on their pieces.
+    pieces = (piece for text in texts for piece in _ATOMIC.split(text) if piece)
+    tok.train_from_iterator(pieces, trainer)
+    # The trainer registers all of them as special; the tool tags are ordinary added tokens.
+    spec = json.loads(tok.to_str())
+    for added in spec["added_tokens"]:
+        added["special"] = added["content"] in SPECIAL
+    return wrap(Tokenizer.from_str(json.dumps(spec)))
+
+
+def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=IM_END, pad_token=ENDOFTEXT,
+        clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE,
+    )

@@ -1,0 +1,151 @@
+"""The token-level chat layout shared by the policy, the world model, rollouts and SFT.
+
+A trajectory is kept as token ids from its first token to its last and is never re-tokenized from
+text; this module says which ids go where. The layout is Qwen3's (ChatML), with the observation
+in a user turn wrapped in `<tool_response>` as Qwen3's chat template does it:
+
+    prompt_ids(instruction)       "<|im_start|>system\\n{tools}<|im_end|>\\n"
+                                  "<|im_start|>user\\n{instruction}<|im_end|>\\n"
+                                  "<|im_start|>assistant\\n"                         (one encode)
+    action (the policy's output)  "<tool_call>...</tool_call>" + "<|im_end|>"       (generated;
+                                  `<|im_end|>` is the stop token and belongs to the action)
+    observation_ids(body)         OBS_PREFIX = "\\n<|im_start|>user\\n" + chat.OBS_OPEN
+                                  + body
+                                  + chat.OBS_CLOSE + AFTER_OBS, AFTER_OBS = "<|im_end|>\\n<|im_start|>assistant\\n"
+
+with chat.OBS_OPEN = "<tool_response>\\n" and chat.OBS_CLOSE = "\\n</tool_response>", so the
+observation reads "\\n<|im_start|>user\\n<tool_response>\\n{body}\\n</tool_response><|im_end|>\\n
+<|im_start|>assistant\\n". The "\\n" after an action's `<|im_end|>` is the first observation token
+(the policy never generates it). The four pieces OBS_PREFIX, body, OBS_CLOSE and AFTER_OBS are
+encoded SEPARATELY and concatenated, so:
+- the body's ids are exactly `encode(body)`, whatever it starts or ends with; speculation
+  compares these ids (DESIGN.md section 2);
+- the world model's prompt is `history + action + encode(OBS_PREFIX)` and its target is
+  `encode(body) + encode(OBS_CLOSE)`, which is token for token what the policy sees next.
+A malformed call gets `observation_ids(chat.error_observation(message))`: the same wrapper.
+A `done()` call ends the episode; nothing follows its `<|im_end|>`.
+
+    fmt = ChatFormat(tokenizer)
+    ids = fmt.prompt_ids(task.instruction)
+    ids += fmt.action_ids(chat.render_bash("ls"))
+    obs, body = fmt.observation_ids("a.txt\\n\\n(exit_code=0)")
+    assert obs[body] == fmt.encode("a.txt\\n\\n(exit_code=0)")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from obsspec import chat
+
+IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+OBS_PREFIX = f"\n{IM_START}user\n{chat.OBS_OPEN}"
+AFTER_OBS = f"{IM_END}\n{IM_START}assistant\n"
+
+
+def prompt_text(instruction: str) -> str:
+    """The prompt as text (what `apply_chat_template` gives for [system, user] + generation prompt)."""
+    return (f"{IM_START}system\n{chat.tools_description()}{IM_END}\n"
+            f"{IM_START}user\n{instruction}{IM_END}\n{IM_START}assistant\n")
+
+
+class ChatFormat:
+    """Token ids of every piece of a trajectory, for one tokenizer (a transformers tokenizer)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.im_end_id = self._single_token(IM_END)
+        self.obs_prefix_ids = self.encode(OBS_PREFIX)
+        self.obs_close_ids = self.encode(chat.OBS_CLOSE)
+        self.after_obs_ids = self.encode(AFTER_OBS)
+        close_tag = self.encode("</tool_response>")
+        # The world model stops on `</tool_response>`: on its token where it is one, else on the text.
+        self.wm_stop_token_ids: tuple[int, ...] = tuple(close_tag) if len(close_tag) == 1 else ()
+        self.wm_stop_strings: tuple[str, ...] = () if self.wm_stop_token_ids else (chat.OBS_CLOSE,)
+
+    def _single_token(self, text: str) -> int:
+        ids = self.encode(text)
+        if len(ids) != 1:
+            raise ValueError(f"the tokenizer must encode {text!r} as one token, got {ids}")
+        return ids[0]
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False,
+                                     clean_up_tokenization_spaces=False)
+
+    # ---- the pieces --------------------------------------------------------------------------
+
+    def prompt_ids(self, instruction: str) -> list[int]:
+        return self.encode(prompt_text(instruction))
+
+    def action_ids(self, text: str) -> list[int]:
+        """A scripted action (e.g. `chat.render_bash(cmd)`) as the policy would emit it: + <|im_end|>."""
+        return self.encode(text) + [self.im_end_id]
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """What ends a policy turn."""
+        return (self.im_end_id,)
+
+    def observation_ids(self, body: str) -> tuple[list[int], slice]:
+        """The tokens appended after an action, and where the body's ids sit among them."""
+        body_ids = self.encode(body)
+        start = len(self.obs_prefix_ids)
+        ids = self.obs_prefix_ids + body_ids + self.obs_close_ids + self.after_obs_ids
+        return ids, slice(start, start + len(body_ids))
+
+    def error_observation_ids(self, message: str) -> tuple[list[int], slice]:
+        return self.observation_ids(chat.error_observation(message))
+
+    def wm_prompt_ids(self, history_ids: Sequence[int], action_ids: Sequence[int]) -> list[int]:
+        """What the world model sees: history + action + the observation opening."""
+        return [*history_ids, *action_ids, *self.obs_prefix_ids]
+
+    def wm_target_ids(self, body: str) -> list[int]:
+        """What the world model is trained to write: body + closing tag (it stops there)."""
+        return self.encode(body) + self.obs_close_ids
+
+    def parse_action(self, action_ids: Sequence[int]) -> chat.Action:
+        return chat.parse_action(self.decode(action_ids))
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole reference trajectories (for supervised warm starts and world-model pre-training)
+
+
+@dataclass
+class Transcript:
+    """A trajectory laid out in tokens, with two masks over `ids` (1 = counted in that loss).
+
+    `action_mask`: the policy's tokens (each action with its <|im_end|>); `wm_mask`: each
+    observation body plus its closing tag, i.e. exactly the world model's target at that turn
+    (a causal LM sees history + action + opening before it, as `wm_prompt_ids` builds them).
+    """
+
+    ids: list[int] = field(default_factory=list)
+    action_mask: list[int] = field(default_factory=list)
+    wm_mask: list[int] = field(default_factory=list)
+
+    def add(self, ids: Sequence[int], action: int = 0, wm: int = 0) -> None:
+        self.ids += ids
+        self.action_mask += [action] * len(ids)
+        self.wm_mask += [wm] * len(ids)
+
+
+def transcript(fmt: ChatFormat, instruction: str, steps: Sequence[tuple[str, str]],
+               done: bool = True) -> Transcript:
+    """Prompt, then per (command, body) step the bash call and its observation, then `done()`."""
+    t = Transcript()
+    t.add(fmt.prompt_ids(instruction))
+    for command, body in steps:
+        t.add(fmt.action_ids(chat.render_bash(command)), action=1)
+        t.add(fmt.obs_prefix_ids)
+        t.add(fmt.wm_target_ids(body), wm=1)
+        t.add(fmt.after_obs_ids)
+    if done:
+        t.add(fmt.action_ids(chat.render_done()), action=1)
+    return t

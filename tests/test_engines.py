@@ -76,6 +76,17 @@ def test_greedy_equals_model_generate(model, batch_invariant):
     assert gen.queue_sec >= 0 and gen.compute_sec > 0
 
 
+def test_load_model_reads_a_local_folder(model, tmp_path):
+    from obsspec.engines import load_model
+
+    model.save_pretrained(tmp_path / "tiny")
+    loaded = load_model(tmp_path / "tiny", dtype=torch.float32)
+    assert not loaded.training
+    ids = torch.tensor([prompt(6)])
+    with torch.inference_mode():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
 def test_engine_satisfies_protocol(model):
     engine = HFEngine(model)
     try:
@@ -137,7 +148,8 @@ def test_top_p_restricts_the_draw_to_the_nucleus(model):
 
 
 def test_concurrent_requests_are_batched(model):
-    requests = [GenerationRequest(prompt(4 + i), max_new_tokens=12, temperature=0) for i in range(8)]
+    requests = [GenerationRequest(prompt(4 + i), max_new_tokens=12, temperature=0)
+                for i in range(8)]
 
     async def main(batch_invariant):
         async with HFEngine(model, batch_invariant=batch_invariant) as engine:
@@ -147,8 +159,10 @@ def test_concurrent_requests_are_batched(model):
     batched, invariant = run(main(False)), run(main(True))
     assert batched.largest_batch > 1, "8 requests submitted together were never batched"
     assert invariant.largest_batch == 1, "batch-invariant mode shared a forward pass"
-    # Batched: about 12 shared steps (two admission waves at most), not 8 x 11 separate ones.
-    assert batched.decode_steps <= 2 * 12 < invariant.decode_steps
+    # Batched: the 8 requests share their ~11 steps (in one or two admission waves); invariant
+    # mode takes 8 x 11 separate ones.
+    assert invariant.decode_steps == 8 * 11
+    assert batched.decode_steps * 2 < invariant.decode_steps
 
 
 def staggered_run(engine, target, others, delays):
@@ -255,6 +269,30 @@ def test_stop_string_ends_the_generation(model):
     assert gen.finish_reason == "stop" and gen.stop_reason == stop
 
 
+def test_a_failing_request_does_not_stop_the_engine(model):
+    class BrokenTokenizer:  # fails on its third call: in a decode step shared with `fine`
+        calls = 0
+
+        def decode(self, ids, skip_special_tokens=False):
+            self.calls += 1
+            if self.calls == 3:
+                raise RuntimeError("decoder exploded")
+            return "abc"
+
+    async def main():
+        async with HFEngine(model, BrokenTokenizer()) as engine:
+            broken = engine.generate(
+                GenerationRequest([1, 2], max_new_tokens=5, stop_strings=("x",)))
+            fine = engine.generate(GenerationRequest([1, 2], max_new_tokens=9))
+            results = await asyncio.gather(broken, fine, return_exceptions=True)
+            after = await engine.generate(GenerationRequest([3, 4], max_new_tokens=5))
+            return results, after
+
+    (broken, fine), after = run(main())
+    assert isinstance(broken, RuntimeError) and "exploded" in str(broken)
+    assert fine.finish_reason == after.finish_reason == "length" and len(fine.token_ids) == 9
+
+
 def test_stop_strings_need_a_tokenizer(model):
     async def main():
         async with HFEngine(model) as engine:
@@ -320,16 +358,23 @@ def test_engine_cancel_returns_partial_generation(model):
 
 
 def test_cancelled_queued_request_is_never_computed(model):
-    first = GenerationRequest(prompt(5), max_new_tokens=40, temperature=0)
+    first = GenerationRequest(prompt(5), max_new_tokens=400, temperature=0)
     queued = GenerationRequest(prompt(7), max_new_tokens=40, temperature=0)
 
     async def main():
         async with HFEngine(model, max_batch_size=1) as engine:
             running = asyncio.create_task(engine.generate(first))
             waiting = asyncio.create_task(engine.generate(queued))
-            await asyncio.sleep(0.01)
+            while (engine.decode_steps(first.request_id) or 0) < 3:
+                await asyncio.sleep(0.001)
             waiting.cancel()
+            # A few more steps let the worker see it; then free the slot it was waiting for.
+            target = engine.decode_steps(first.request_id) + 3
+            while engine.decode_steps(first.request_id) < target:
+                await asyncio.sleep(0.001)
+            engine.cancel(first.request_id)
             await running
+            await asyncio.sleep(0.05)  # were it still queued, it would be admitted now
             return engine.stats, engine.decode_steps(queued.request_id)
 
     stats, steps = run(main())
@@ -345,7 +390,8 @@ def save_adapter(base, path, seed: int):
     model that produced it (the reference for what the adapter should generate)."""
     from peft import LoraConfig, get_peft_model
 
-    peft_model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    peft_model = get_peft_model(copy.deepcopy(base), config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():

@@ -65,7 +65,9 @@ class GenerationRequest:
         set_(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
         set_(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         if isinstance(self.stop_strings, str):
-            raise TypeError("stop_strings must be a sequence of strings, e.g. ('</tool_response>',)")
+            raise TypeError(
+                "stop_strings must be a sequence of strings, e.g. ('</tool_response>',)"
+            )
         set_(self, "stop_strings", tuple(self.stop_strings))
         if not self.request_id:
             set_(self, "request_id", uuid.uuid4().hex)

@@ -1,23 +1,13 @@
 """In-process generation engine on transformers, with continuous batching over a KV cache.
 
-How it works:
-- `generate()` hands the request to one worker thread and awaits a future. The worker runs the
-  model (torch releases the GIL, so the asyncio loop stays responsive) and resolves futures with
-  `loop.call_soon_threadsafe`.
-- Each worker iteration: apply adapter commands; drop cancelled requests; admit waiting requests
-  (prefill each prompt on its own, sample its first token); run one decode step for every running
-  request; finish those that hit a stop token, a stop string or their length.
-- Batched mode (default): running requests of the same adapter share one left-padded
-  `DynamicCache`, and one forward pass per step decodes them all (attention mask + explicit
-  position ids). A request joins by padding its prefilled cache on the left; rows that finish are
-  sliced out, and columns that became padding in every row are trimmed.
-- Batch-invariant mode (`batch_invariant=True`): each request keeps its own cache and its own
-  forward pass (batch size 1, no padding), so its tokens and logprobs are bit-identical whatever
-  else runs. Requests are still served concurrently, interleaved step by step.
-- Sampling draws from a per-request `torch.Generator` seeded with the request's seed, on that
-  request's own row of probabilities, so the random stream never depends on the batch.
+One worker thread runs the model (torch releases the GIL, so the asyncio loop stays responsive);
+`generate()` hands it a request and awaits a future it resolves via `call_soon_threadsafe`. Each
+worker iteration applies adapter commands, drops cancelled requests, admits waiting ones (prefill
+alone, sample the first token), then runs one decode step for every running request. Batched
+mode shares one left-padded cache per adapter (obsspec/engines/kv_batch.py); batch-invariant mode
+gives every request its own forward pass, so its results never depend on the others. Sampling
+uses a per-request `torch.Generator`. Details and measurements: docs/ENGINES.md.
 
-Example:
     engine = HFEngine(load_model("Qwen/Qwen3-0.6B"), tokenizer)
     async with engine:
         gen = await engine.generate(GenerationRequest(prompt_ids=ids, temperature=0))
@@ -246,13 +236,16 @@ class HFEngine:
                     break
                 self._waiting.extend(self._inbox)
                 self._inbox.clear()
-            # Adapter loading stays outside inference mode: its weights must remain ordinary
-            # tensors (inference tensors cannot be trained or saved by PEFT later).
-            self._run_commands()
-            with torch.inference_mode():
-                self._drop_cancelled()
-                self._admit()
-                self._decode()
+            try:
+                # Adapter loading stays outside inference mode: its weights must remain ordinary
+                # tensors (inference tensors cannot be trained or saved by PEFT later).
+                self._run_commands()
+                with torch.inference_mode():
+                    self._drop_cancelled()
+                    self._admit()
+                    self._decode()
+            except Exception as exc:  # a bug of ours: fail what is in flight, never hang it
+                self._fail_running(exc)
         self._fail_everything(EngineClosedError("the engine was closed"))
 
     def _run_commands(self) -> None:
@@ -340,10 +333,12 @@ class HFEngine:
 
     def _decode(self) -> None:
         for batch in self._batches:
-            self.adapters.use(batch.adapter)
+            if not batch.rows:  # a request failed while joining a new batch
+                continue
             try:
+                self.adapters.use(batch.adapter)
                 logits = batch.forward(self.model)
-            except Exception as exc:
+            except Exception as exc:  # the shared forward pass failed: fail all its requests
                 for r in batch.rows:
                     self._fail(r, exc)
                 batch.keep([])
@@ -354,7 +349,11 @@ class HFEngine:
             for i, r in enumerate(batch.rows):
                 r.position += 1
                 r.steps += 1
-                self._accept(r, logits[i])
+                try:
+                    self._accept(r, logits[i])
+                except Exception as exc:  # e.g. its stop-string decoding: fail it alone
+                    self._fail(r, exc)
+                    continue
                 if r.finish_reason is None:
                     keep.append(i)
                 else:
@@ -369,10 +368,9 @@ class HFEngine:
         r.tokens.append(token)
         r.logprobs.append(logprob)
         self.stats.tokens += 1
-        stop_string = self._stop_string(r)
         if token in request.stop_token_ids:
             r.finish_reason, r.stop_reason = "stop", token
-        elif stop_string is not None:
+        elif (stop_string := self._stop_string(r)) is not None:
             r.finish_reason, r.stop_reason = "stop", stop_string
         elif len(r.tokens) >= request.max_new_tokens:
             r.finish_reason = "length"
@@ -393,12 +391,12 @@ class HFEngine:
     # ---- results -----------------------------------------------------------------------------
 
     def _forget(self, r: _Running) -> None:
-        with self._cond:
-            self._by_id.pop(r.request.request_id, None)
         steps = self.stats.steps_by_request
-        steps[r.request.request_id] = r.steps
+        steps[r.request.request_id] = r.steps  # before the pop, so decode_steps never sees a gap
         while len(steps) > 4096:
             steps.popitem(last=False)
+        with self._cond:
+            self._by_id.pop(r.request.request_id, None)
 
     def _complete(self, r: _Running) -> None:
         now = time.perf_counter()
@@ -429,15 +427,18 @@ class HFEngine:
         self._forget(r)
         r.post(error=error)
 
-    def _fail_everything(self, error: BaseException) -> None:
-        with self._cond:
-            pending = list(self._inbox)
-            self._inbox.clear()
-            commands = list(self._commands)
-            self._commands.clear()
-        for r in [*pending, *self._waiting, *(r for b in self._batches for r in b.rows)]:
+    def _fail_running(self, error: BaseException) -> None:
+        for r in [*self._waiting, *(r for b in self._batches for r in b.rows)]:
             self._fail(r, error)
         self._waiting.clear()
         self._batches.clear()
+
+    def _fail_everything(self, error: BaseException) -> None:
+        with self._cond:
+            self._waiting.extend(self._inbox)
+            self._inbox.clear()
+            commands = list(self._commands)
+            self._commands.clear()
+        self._fail_running(error)
         for command in commands:
             _resolve_soon(command.loop, command.future, None, error)

@@ -5,8 +5,8 @@ Why left padding: every row's newest token sits in the last column, so one forwa
 attention mask (0 = padding) and explicit per-row position ids decodes all rows. Rotary position
 embeddings are applied before keys enter the cache, so shifting a row's cache to the right when a
 longer row joins changes nothing for that row except the padding it must ignore. Measured on CPU
-with a tiny Qwen3: the padded batch moves logits by ~1e-7 against the same request alone; the
-hf engine's batch-invariant mode avoids even that by never sharing a forward pass.
+with tiny Qwen3s: a padded batch moves a request's logprobs by up to ~1e-6 against the same
+request alone; the hf engine's batch-invariant mode avoids even that by never sharing a pass.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def sample_token(
     return token, float(logprobs[token])
 
 
-
 def pad_left(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """Zero-pad `t` at the start of dimension `dim` (a non-negative index) up to `length`."""
     missing = length - t.shape[dim]
     if missing == 0:
         return t
@@ -77,10 +77,10 @@ class DecodeBatch:
             return
         length = max(self.mask.shape[1], n)
         for mine, theirs in zip(self.cache.layers, cache.layers):
-            mine.keys = torch.cat([pad_left(mine.keys, length, 2), pad_left(theirs.keys, length, 2)])
-            mine.values = torch.cat(
-                [pad_left(mine.values, length, 2), pad_left(theirs.values, length, 2)]
-            )
+            mine.keys = torch.cat([pad_left(mine.keys, length, 2),
+                                   pad_left(theirs.keys, length, 2)])
+            mine.values = torch.cat([pad_left(mine.values, length, 2),
+                                     pad_left(theirs.values, length, 2)])
         self.mask = torch.cat([pad_left(self.mask, length, 1), pad_left(mask, length, 1)])
         self.rows.append(row)
 

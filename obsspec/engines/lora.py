@@ -29,7 +29,9 @@ class LoraAdapters:
         from peft import PeftModel
 
         if self.served_as_given:
-            raise ValueError("this engine serves a PEFT model as given; pass its base model instead")
+            raise ValueError(
+                "this engine serves a PEFT model as given; pass its base model instead"
+            )
         if not isinstance(self.model, PeftModel):
             self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name).eval()
         else:

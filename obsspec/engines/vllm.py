@@ -1,0 +1,246 @@
+"""Engine that talks to a vLLM OpenAI-compatible server with token-id prompts (GPU machines).
+
+vLLM pins its own torch and transformers, so it runs as a server from its own virtualenv and this
+process only speaks HTTP (stdlib asyncio streams; no vllm import, no extra dependency):
+
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve Qwen/Qwen3-0.6B --port 8001 \\
+        --enable-lora --max-lora-rank 16 --logprobs-mode processed_logprobs
+
+    engine = VLLMEngine("http://127.0.0.1:8001", model="Qwen/Qwen3-0.6B")
+
+Mapping (details and the vLLM API assumptions in docs/ENGINES.md):
+- `generate` POSTs /v1/completions with `prompt` = the token ids, `seed`, `stop_token_ids`,
+  `stop`, `ignore_eos` (only our stop tokens end a generation, as in the hf engine),
+  `logprobs=0` (the sampled token's logprob) and `return_token_ids`; the reply's `token_ids` and
+  `logprobs.token_logprobs` become the `Generation`.
+- A request naming an adapter sends that adapter's name as `model`; `load_adapter` POSTs
+  /v1/load_lora_adapter. vLLM keys adapters by name, so use a new name per version.
+- Cancelling the awaiting task closes the connection; vLLM's completion endpoint aborts a request
+  whose client disconnected, which frees its slot in the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import ssl
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest
+
+_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
+
+
+class VLLMServerError(RuntimeError):
+    """The server answered with an error status (the message is the server's)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"vLLM server answered {status}: {message}")
+        self.status = status
+
+
+class VLLMEngine:
+    """A client engine for one vLLM server; `model` is the served base model's name."""
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
+                 timeout_sec: float | None = None):
+        url = urlsplit(base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"base_url must look like http://host:port, got {base_url!r}")
+        self.base_url = base_url
+        self.model = model
+        self._host = url.hostname
+        self._port = url.port or (443 if url.scheme == "https" else 80)
+        self._ssl = ssl.create_default_context() if url.scheme == "https" else None
+        self._prefix = url.path.rstrip("/").removesuffix("/v1")  # accept .../v1 as well
+        self._api_key = api_key
+        self._timeout = timeout_sec
+        self._adapters: set[str] = set()
+        self._inflight: dict[str, asyncio.Task[dict[str, Any]]] = {}
+        self._cancelled: set[str] = set()
+        self._closed = False
+
+    # ---- generation --------------------------------------------------------------------------
+
+    def payload(self, request: GenerationRequest) -> dict[str, Any]:
+        """The /v1/completions body for a request."""
+        return {
+            "model": request.adapter or self.model,
+            "prompt": list(request.prompt_ids),
+            "max_tokens": request.max_new_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "seed": request.seed,
+            "stop_token_ids": list(request.stop_token_ids),
+            "stop": list(request.stop_strings),
+            "include_stop_str_in_output": True,
+            "ignore_eos": True,
+            "skip_special_tokens": False,
+            "logprobs": 0,
+            "return_token_ids": True,
+            # Older servers lack return_token_ids; with this flag the logprob entries carry the
+            # token ids as "token_id:N" strings, which `parse` falls back to.
+            "return_tokens_as_token_ids": True,
+            "request_id": request.request_id,
+        }
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        rid = request.request_id
+        if rid in self._inflight:
+            raise ValueError(f"request id {rid!r} is already running")
+        start = time.perf_counter()
+        call = asyncio.ensure_future(self._post("/v1/completions", self.payload(request)))
+        self._inflight[rid] = call
+        try:
+            reply = await call
+        except asyncio.CancelledError:
+            if self._closed:
+                raise EngineClosedError("the engine was closed") from None
+            if rid in self._cancelled and not _being_cancelled():
+                # engine.cancel(): the server aborted it; tokens made so far are not reported.
+                return Generation(rid, (), (), "cancelled", compute_sec=time.perf_counter() - start)
+            raise
+        finally:
+            self._inflight.pop(rid, None)
+            self._cancelled.discard(rid)
+        return self.parse(rid, reply, time.perf_counter() - start)
+
+    @staticmethod
+    def parse(request_id: str, reply: dict[str, Any], compute_sec: float = 0.0) -> Generation:
+        """Turn a /v1/completions reply into a `Generation`."""
+        choice = reply["choices"][0]
+        entries = choice.get("logprobs") or {}
+        logprobs = tuple(float(x) for x in entries.get("token_logprobs") or ())
+        token_ids = choice.get("token_ids")
+        if token_ids is None:  # a server without return_token_ids
+            token_ids = [int(t.removeprefix("token_id:")) for t in entries.get("tokens") or ()]
+        reason = choice.get("finish_reason")
+        if reason not in _FINISH_REASONS:
+            raise VLLMServerError(200, f"unexpected finish_reason {reason!r}")
+        if len(logprobs) != len(token_ids):
+            raise VLLMServerError(200, f"{len(token_ids)} tokens but {len(logprobs)} logprobs; "
+                                       "was the request sent with logprobs=0?")
+        return Generation(
+            request_id=request_id,
+            token_ids=tuple(int(t) for t in token_ids),
+            logprobs=logprobs,
+            finish_reason=_FINISH_REASONS[reason],
+            stop_reason=choice.get("stop_reason"),
+            compute_sec=compute_sec,  # the server's queueing is inside this: it is not reported
+        )
+
+    def cancel(self, request_id: str) -> bool:
+        call = self._inflight.get(request_id)
+        if call is None or call.done() or request_id in self._cancelled:
+            return False
+        self._cancelled.add(request_id)
+        call.get_loop().call_soon_threadsafe(call.cancel)
+        return True
+
+    # ---- adapters ----------------------------------------------------------------------------
+
+    async def load_adapter(self, name: str, path: str | os.PathLike[str]) -> None:
+        """Load a LoRA adapter folder (a path the *server* can read) under `name`."""
+        if name in self._adapters:  # vLLM refuses a loaded name: replace = unload + load
+            await self.unload_adapter(name)
+        await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": os.fspath(path)})
+        self._adapters.add(name)
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._post("/v1/unload_lora_adapter", {"lora_name": name})
+        self._adapters.discard(name)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Abort every request in flight (their connections close) and refuse new ones."""
+        self._closed = True
+        for call in list(self._inflight.values()):
+            call.get_loop().call_soon_threadsafe(call.cancel)
+
+    async def __aenter__(self) -> VLLMEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- HTTP --------------------------------------------------------------------------------
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self._timeout is None:
+            return await self._exchange(path, body)
+        return await asyncio.wait_for(self._exchange(path, body), self._timeout)
+
+    async def _exchange(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One HTTP/1.1 POST on its own connection. Closing the connection on cancellation is
+        what tells vLLM to abort the request."""
+        data = json.dumps(body).encode()
+        head = [f"POST {self._prefix}{path} HTTP/1.1", f"Host: {self._host}:{self._port}",
+                "Content-Type: application/json", f"Content-Length: {len(data)}",
+                "Connection: close"]
+        if self._api_key:
+            head.append(f"Authorization: Bearer {self._api_key}")
+        reader, writer = await asyncio.open_connection(self._host, self._port, ssl=self._ssl)
+        try:
+            writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+            await writer.drain()
+            status, headers = await _read_head(reader)
+            if "chunked" in headers.get("transfer-encoding", ""):
+                payload = await _read_chunked(reader)
+            elif "content-length" in headers:
+                payload = await reader.readexactly(int(headers["content-length"]))
+            else:
+                payload = await reader.read()
+        finally:
+            writer.close()
+        if status >= 400:
+            raise VLLMServerError(status, _error_message(payload))
+        try:
+            return json.loads(payload) if payload else {}
+        except json.JSONDecodeError:  # e.g. load_lora_adapter answers plain text
+            return {"text": payload.decode(errors="replace")}
+
+
+def _being_cancelled() -> bool:
+    """Whether the current task itself is being cancelled (Python >= 3.11 can tell)."""
+    task = asyncio.current_task()
+    return bool(task is not None and getattr(task, "cancelling", lambda: 0)())
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    status_line = await reader.readline()
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+        raise VLLMServerError(0, f"not an HTTP reply: {status_line[:80]!r}")
+    headers: dict[str, str] = {}
+    while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        key, _, value = line.decode("latin-1").partition(":")
+        headers[key.strip().lower()] = value.strip()
+    return int(parts[1]), headers
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    body = bytearray()
+    while size := int((await reader.readline()).split(b";")[0].strip() or b"0", 16):
+        body += await reader.readexactly(size)
+        await reader.readline()  # the CRLF after each chunk
+    return bytes(body)
+
+
+def _error_message(payload: bytes) -> str:
+    try:
+        reply = json.loads(payload)
+    except json.JSONDecodeError:
+        return payload.decode(errors="replace")[:500]
+    if isinstance(reply, dict):
+        error = reply.get("error")
+        if isinstance(error, dict) and "message" in error:  # newer vLLM
+            return str(error["message"])
+        if "message" in reply:  # older vLLM: {"object": "error", "message": ...}
+            return str(reply["message"])
+    return json.dumps(reply)[:500]

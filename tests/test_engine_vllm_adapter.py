@@ -1,0 +1,258 @@
+"""Tests of the vLLM client engine against a fake OpenAI-compatible server on 127.0.0.1.
+
+The fake server checks the request JSON the way vLLM's /v1/completions reads it and answers with
+canned token ids and logprobs; vLLM itself is never needed. Run:
+    .venv/bin/python -m pytest -q tests/test_engine_vllm_adapter.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from obsspec.engines import Engine, GenerationRequest
+from obsspec.engines.vllm import VLLMEngine, VLLMServerError
+
+SLOW = 999  # a prompt starting with this token is held until the client disconnects
+BASE = "Qwen/Qwen3-0.6B"
+
+
+class FakeVLLM(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def reply(self, status: int, body: dict | str, chunked: bool = False) -> None:
+        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        if chunked:  # uvicorn streams some replies this way; split in two chunks
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for part in (data[:7], data[7:]):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.seen.append((self.path, body, dict(self.headers)))
+        if self.path == "/v1/load_lora_adapter":
+            self.server.loras.add(body["lora_name"])
+            return self.reply(200, f"Success: LoRA adapter '{body['lora_name']}' added.")
+        if self.path == "/v1/unload_lora_adapter":
+            self.server.loras.discard(body["lora_name"])
+            return self.reply(200, "Success")
+        assert self.path == "/v1/completions", self.path
+        if body["model"] not in {BASE, *self.server.loras}:
+            message = f"The model `{body['model']}` does not exist."
+            return self.reply(404, {"error": {"message": message, "type": "NotFoundError",
+                                              "code": 404}})
+        prompt = body["prompt"]
+        assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+        if prompt[0] == SLOW:
+            return self.wait_for_disconnect()
+        n = min(body["max_tokens"], 4)
+        tokens = [100 + i for i in range(n)]
+        stops = body["stop_token_ids"]
+        stop = stops[0] if stops and n < body["max_tokens"] else None
+        if stop is not None:
+            tokens[-1] = stop
+        choice = {
+            "index": 0, "text": "abcd"[:n],
+            "logprobs": {"token_logprobs": [-0.5 * (i + 1) for i in range(n)],
+                         "tokens": [f"token_id:{t}" for t in tokens], "top_logprobs": [None] * n,
+                         "text_offset": list(range(n))},
+            "finish_reason": "stop" if stop is not None else "length", "stop_reason": stop,
+        }
+        if prompt[0] != 7:  # prompt 7...: answer like an old server without token_ids
+            choice["token_ids"] = tokens
+        self.reply(200, {"id": "cmpl-1", "object": "text_completion", "model": body["model"],
+                         "choices": [choice], "usage": {}}, chunked=prompt[0] == 8)
+
+    def wait_for_disconnect(self):
+        self.connection.settimeout(0.02)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if self.connection.recv(1) == b"":
+                    self.server.disconnects.append(time.monotonic())
+                    return
+            except (socket.timeout, BlockingIOError):
+                continue
+            except OSError:
+                break
+        self.server.disconnects.append(time.monotonic())
+
+
+@pytest.fixture()
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeVLLM)
+    httpd.seen, httpd.loras, httpd.disconnects = [], set(), []
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def engine_for(server, **kwargs) -> VLLMEngine:
+    return VLLMEngine(f"http://127.0.0.1:{server.server_address[1]}/v1", model=BASE, **kwargs)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def test_request_json_and_reply_parsing(server):
+    request = GenerationRequest([1, 2, 3], max_new_tokens=16, temperature=0.7, top_p=0.9, seed=42,
+                                stop_token_ids=(151645,), stop_strings=("</tool_response>",),
+                                request_id="r-1")
+
+    async def main():
+        async with engine_for(server, api_key="k") as engine:
+            assert isinstance(engine, Engine)
+            return await engine.generate(request)
+
+    gen = run(main())
+    path, body, headers = server.seen[0]
+    assert path == "/v1/completions"
+    assert body == {
+        "model": BASE, "prompt": [1, 2, 3], "max_tokens": 16, "temperature": 0.7, "top_p": 0.9,
+        "seed": 42, "stop_token_ids": [151645], "stop": ["</tool_response>"],
+        "include_stop_str_in_output": True, "ignore_eos": True, "skip_special_tokens": False,
+        "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True,
+        "request_id": "r-1",
+    }
+    assert headers["Authorization"] == "Bearer k"
+    assert gen.request_id == "r-1"
+    assert gen.token_ids == (100, 101, 102, 151645)
+    assert gen.logprobs == (-0.5, -1.0, -1.5, -2.0)
+    assert (gen.finish_reason, gen.stop_reason) == ("stop", 151645)
+
+
+@pytest.mark.parametrize("first_token", [7, 8], ids=["old-server-token-strings", "chunked-reply"])
+def test_reply_variants(server, first_token):
+    async def main():
+        async with engine_for(server) as engine:
+            return await engine.generate(GenerationRequest([first_token, 1], max_new_tokens=3))
+
+    gen = run(main())
+    assert gen.token_ids == (100, 101, 102) and gen.finish_reason == "length"
+    assert len(gen.logprobs) == 3
+
+
+def test_adapters_are_served_by_name(server):
+    async def main():
+        async with engine_for(server) as engine:
+            await engine.load_adapter("wm-v1", "/ckpt/wm/v1")
+            a = await engine.generate(GenerationRequest([1], max_new_tokens=2, adapter="wm-v1"))
+            await engine.load_adapter("wm-v1", "/ckpt/wm/v1b")  # replacing: unload, then load
+            await engine.unload_adapter("wm-v1")
+            with pytest.raises(VLLMServerError, match="does not exist") as error:
+                await engine.generate(GenerationRequest([1], max_new_tokens=2, adapter="wm-v1"))
+            return a, error.value
+
+    gen, error = run(main())
+    assert gen.finish_reason == "length" and error.status == 404
+    calls = [(path, body.get("lora_name"), body.get("lora_path", body.get("model")))
+             for path, body, _ in server.seen]
+    assert calls == [
+        ("/v1/load_lora_adapter", "wm-v1", "/ckpt/wm/v1"),
+        ("/v1/completions", None, "wm-v1"),
+        ("/v1/unload_lora_adapter", "wm-v1", None),
+        ("/v1/load_lora_adapter", "wm-v1", "/ckpt/wm/v1b"),
+        ("/v1/unload_lora_adapter", "wm-v1", None),
+        ("/v1/completions", None, "wm-v1"),
+    ]
+
+
+def test_task_cancellation_closes_the_connection(server):
+    """vLLM aborts a request when its client disconnects: cancelling must disconnect."""
+
+    async def main():
+        async with engine_for(server) as engine:
+            task = asyncio.create_task(engine.generate(GenerationRequest([SLOW], max_new_tokens=9)))
+            while not server.seen:
+                await asyncio.sleep(0.005)
+            cancelled_at = time.monotonic()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(200):
+                if server.disconnects:
+                    break
+                await asyncio.sleep(0.005)
+            return cancelled_at
+
+    cancelled_at = run(main())
+    assert server.disconnects, "the server never saw the client go away"
+    assert server.disconnects[0] - cancelled_at < 1.0
+
+
+def test_engine_cancel_returns_a_cancelled_generation(server):
+    async def main():
+        async with engine_for(server) as engine:
+            request = GenerationRequest([SLOW], request_id="slow-1")
+            task = asyncio.create_task(engine.generate(request))
+            while not server.seen:
+                await asyncio.sleep(0.005)
+            assert engine.cancel("slow-1") and not engine.cancel("unknown")
+            return await task
+
+    gen = run(main())
+    assert gen.finish_reason == "cancelled" and gen.token_ids == ()
+
+
+def test_server_errors_and_unreachable_servers():
+    async def unreachable():
+        with socket.socket() as s:  # a port nobody listens on
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        engine = VLLMEngine(f"http://127.0.0.1:{port}", model=BASE)
+        await engine.generate(GenerationRequest([1]))
+
+    with pytest.raises(OSError):
+        run(unreachable())
+    with pytest.raises(ValueError, match="http://host:port"):
+        VLLMEngine("localhost:8000", model=BASE)
+
+
+def test_parse_rejects_mismatched_logprobs():
+    reply = {"choices": [{"token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0]},
+                          "finish_reason": "length"}]}
+    with pytest.raises(VLLMServerError, match="logprobs=0"):
+        VLLMEngine.parse("r", reply)
+    reply["choices"][0]["logprobs"]["token_logprobs"].append(-2.0)
+    reply["choices"][0]["finish_reason"] = "abort"
+    assert VLLMEngine.parse("r", reply).finish_reason == "cancelled"
+
+
+def test_close_aborts_requests_in_flight(server):
+    from obsspec.engines import EngineClosedError
+
+    async def main():
+        engine = engine_for(server)
+        task = asyncio.create_task(engine.generate(GenerationRequest([SLOW])))
+        while not server.seen:
+            await asyncio.sleep(0.005)
+        engine.close()
+        with pytest.raises(EngineClosedError):
+            await task
+        with pytest.raises(EngineClosedError):
+            await engine.generate(GenerationRequest([1]))
+
+    run(main())

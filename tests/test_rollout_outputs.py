@@ -1,0 +1,107 @@
+"""What rollouts produce besides trajectories: metrics, the Chrome trace, and offline replay."""
+
+import asyncio
+import json
+import shutil
+
+import pytest
+
+from fakes import ByteTokenizer, ScriptedPolicy
+from obsspec.rollout.events import Event, EventBus, JsonlTrace
+from obsspec.rollout.metrics import SpecMetrics, chrome_trace, export_chrome_trace, percentile
+from obsspec.rollout.predictors import Corrupting, Delayed, Oracle
+from obsspec.rollout.scheduler import Scheduler
+from obsspec.rollout.tools import ReplayDiverged, ReplayTool
+from obsspec.tokens import ChatFormat
+from test_rollout import COMMANDS, SAMPLING, assert_lossless, oracle_from, run, tasks
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+def ev(kind, t, episode=0, turn=0, **data):
+    return Event(kind, t, episode, turn, data)
+
+
+def test_metrics_from_a_known_event_sequence():
+    m = SpecMetrics()
+    stream = [
+        ev("episode_start", 0.0, task_id="x"),
+        ev("wm_start", 0.1, request_id="wm-0-0"), ev("exec_start", 0.1),
+        ev("wm_draft", 0.2, request_id="wm-0-0", drafts=1, tokens=10),
+        ev("spec_start", 0.2, turn=1, request_id="p1"),
+        ev("policy_start", 0.2, turn=1, request_id="p1", speculative=True),
+        ev("exec_done", 0.5, seconds=0.4, exit_code=0),
+        ev("match", 0.5, request_id="p1", pending=True),
+        ev("policy_done", 0.7, turn=1, request_id="p1", tokens=5, speculative=True),
+        ev("request_end", 0.7, turn=1, request_id="p1", role="policy", outcome="committed", reason="", tokens=5),
+        ev("wm_start", 0.8, turn=1, request_id="wm-0-1"), ev("exec_start", 0.8, turn=1),
+        ev("exec_done", 0.9, turn=1, seconds=0.1, exit_code=0),
+        ev("exec_won", 0.9, turn=1, request_id="wm-0-1"),
+        ev("wm_start", 1.0, turn=2, request_id="wm-0-2"),
+        ev("wm_draft", 1.1, turn=2, request_id="wm-0-2", drafts=1, tokens=7),
+        ev("spec_start", 1.1, turn=3, request_id="p3"),
+        ev("rollback", 1.3, turn=2, drafts=1),
+        ev("request_end", 1.3, turn=3, request_id="p3", role="policy", outcome="cancelled", reason="rollback", tokens=3),
+        ev("episode_end", 2.0, reward=1.0, turns=3, latency_sec=2.0, infra_error=""),
+    ]
+    for e in stream:
+        m(e)
+    s = m.summary()
+    assert s["spec/exact_frac"] == 0.5 and s["spec/rollback_frac"] == 0.5
+    assert s["spec/exec_won_frac"] == pytest.approx(1 / 3)
+    assert s["spec/policy_tokens_discarded"] == 3
+    assert s["spec/wm_tokens_total"] == 17 and s["spec/wm_tokens_matched"] == 10
+    assert s["spec/overlap_sec"] == pytest.approx(0.3) and s["spec/block_sec"] == pytest.approx(0.2)
+    assert s["latency_p50_sec"] == 2.0 and s["reward_mean"] == 1.0
+
+
+def test_percentile():
+    assert percentile([1, 2, 3, 4], 0.5) == 2.5 and percentile([], 0.5) is None
+    assert percentile([5], 0.95) == 5
+
+
+@needs_bwrap
+def test_trace_jsonl_and_chrome_export(tmp_path):
+    ts = tasks(2)
+    seq, _, _ = run(ts, speculative=False)
+    bus_events = []
+    _, rec, _ = run(ts, speculative=True, predictor=Corrupting(oracle_from(ts, seq), every=2))
+    path = tmp_path / "trace.jsonl"
+    trace = JsonlTrace(str(path), "speculative")
+    for e in rec.events:
+        trace(e)
+    trace.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == len(rec.events) and all("t" in r and "kind" in r for r in rows)
+    n = export_chrome_trace(str(path), str(tmp_path / "trace.json"))
+    chrome = json.loads((tmp_path / "trace.json").read_text())
+    spans = [e for e in chrome["traceEvents"] if e["ph"] == "X"]
+    names = {e["name"] for e in spans}
+    assert {"policy", "tool", "world model", "speculative policy"} <= names, names
+    assert n == len(chrome["traceEvents"]) and all(e["dur"] >= 0 for e in spans)
+    assert any(e["name"] in ("match", "rollback") for e in chrome["traceEvents"] if e["ph"] == "i")
+
+
+@needs_bwrap
+def test_replay_reproduces_the_recorded_episodes_without_tools():
+    ts = tasks(3)
+    seq, _, _ = run(ts, speculative=False)
+    tok = ByteTokenizer()
+    fmt = ChatFormat(tok)
+    recorded = [tr.to_dict() for tr in seq]
+
+    async def replay(predictor):
+        sched = Scheduler(ScriptedPolicy(tok, COMMANDS), fmt, EventBus(), SAMPLING, cap=512, predictor=predictor)
+        return await sched.run_batch(ts, lambda task, e: ReplayTool(recorded[e]["turns"], recorded[e]["reward"]),
+                                     speculative=predictor is not None)
+
+    assert_lossless(seq, asyncio.run(replay(None)))
+    assert_lossless(seq, asyncio.run(replay(oracle_from(ts, seq))))
+
+
+def test_replay_refuses_a_diverging_command():
+    tool = ReplayTool([{"kind": "bash", "command": "ls", "observation": "a\n\n(exit_code=0)",
+                        "exit_code": 0, "tool_sec": 0.0}], 1.0)
+    assert asyncio.run(tool.run("ls", 0)).body == "a\n\n(exit_code=0)"
+    with pytest.raises(ReplayDiverged):
+        asyncio.run(tool.run("pwd", 0))

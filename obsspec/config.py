@@ -14,26 +14,20 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from obsspec.env.sandbox import SandboxConfig
+from obsspec.fields import doc
 from obsspec.models.config import KitConfig
 from obsspec.rollout.config import PolicyConfig, RolloutConfig, WorldModelConfig
 
 
 class ConfigError(ValueError):
     """A problem the user can fix in a recipe or an override (one line, no traceback)."""
-
-
-def doc(default: Any, help: str) -> Any:
-    """A dataclass field with a default and its one documentation string."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 # ---------------------------------------------------------------------------------------------

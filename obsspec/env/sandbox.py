@@ -34,10 +34,11 @@ import signal
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from obsspec.fields import doc
 from obsspec.chat import capture_bytes_for
 
 NOBODY = 65534
@@ -54,31 +55,27 @@ class SandboxUnavailable(SandboxError):
     """bubblewrap is not installed (or cannot create namespaces) on this machine."""
 
 
-def _doc(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass(frozen=True)
 class SandboxConfig:
     """How episodes are isolated and limited. Every field is a recipe key under `sandbox:`."""
 
-    isolation: str = _doc("bwrap", "'bwrap' (default) or 'none': run commands UNSANDBOXED on "
+    isolation: str = doc("bwrap", "'bwrap' (default) or 'none': run commands UNSANDBOXED on "
                                    "this host (explicit opt-in only; warns).")
-    timeout_s: float = _doc(30.0, "Per-command timeout, seconds; the command and everything it "
+    timeout_s: float = doc(30.0, "Per-command timeout, seconds; the command and everything it "
                                   "started are killed, the shell state survives.")
-    output_cap: int = _doc(4096, "Characters of output an observation keeps; the rest is cut "
+    output_cap: int = doc(4096, "Characters of output an observation keeps; the rest is cut "
                                  "with a marker.")
-    memory_mb: int = _doc(4096, "Address-space limit per process (ulimit -v), MiB.")
-    max_procs: int = _doc(256, "Process limit for the whole episode (RLIMIT_NPROC in its own "
+    memory_mb: int = doc(4096, "Address-space limit per process (ulimit -v), MiB.")
+    max_procs: int = doc(256, "Process limit for the whole episode (RLIMIT_NPROC in its own "
                                "user namespace).")
-    max_file_mb: int = _doc(1024, "Largest file a command may write (ulimit -f), MiB.")
-    tmp_mb: int = _doc(512, "Size of the episode's /tmp (a tmpfs), MiB.")
-    deterministic: bool = _doc(True, "Pin clock, file times, hostname, user and locale.")
-    clock_start: int = _doc(1_704_067_200, "Logical clock at episode start, epoch seconds "
+    max_file_mb: int = doc(1024, "Largest file a command may write (ulimit -f), MiB.")
+    tmp_mb: int = doc(512, "Size of the episode's /tmp (a tmpfs), MiB.")
+    deterministic: bool = doc(True, "Pin clock, file times, hostname, user and locale.")
+    clock_start: int = doc(1_704_067_200, "Logical clock at episode start, epoch seconds "
                                            "(2024-01-01T00:00:00Z).")
-    turn_seconds: int = _doc(60, "How far the logical clock moves per command, seconds.")
-    hostname: str = _doc("sandbox", "Hostname inside the sandbox.")
-    workspace_root: str = _doc("", "Host directory under which episode workspaces are created "
+    turn_seconds: int = doc(60, "How far the logical clock moves per command, seconds.")
+    hostname: str = doc("sandbox", "Hostname inside the sandbox.")
+    workspace_root: str = doc("", "Host directory under which episode workspaces are created "
                                    "('' = the system temp dir).")
 
     def __post_init__(self) -> None:

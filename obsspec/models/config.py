@@ -6,26 +6,24 @@ imports neither torch nor transformers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-def _doc(default, help: str):
-    return field(default=default, metadata={"help": help})
+from obsspec.fields import doc
 
 
 @dataclass(frozen=True)
 class TinyModelConfig:
     """One tiny Qwen3 model: its shape and its supervised training budget."""
 
-    hidden_size: int = _doc(256, "Width of the residual stream.")
-    num_layers: int = _doc(4, "Transformer blocks.")
-    num_heads: int = _doc(4, "Attention (query) heads.")
-    num_kv_heads: int = _doc(2, "Key/value heads (grouped-query attention); must divide num_heads.")
-    head_dim: int = _doc(64, "Width of one attention head.")
-    intermediate_size: int = _doc(768, "Width of the MLP's hidden layer.")
-    epochs: float = _doc(3.0, "Passes over the training examples.")
-    learning_rate: float = _doc(2e-3, "Peak learning rate (AdamW, cosine decay, 5% warm-up).")
-    batch_size: int = _doc(8, "Sequences per optimizer step.")
+    hidden_size: int = doc(256, "Width of the residual stream.")
+    num_layers: int = doc(4, "Transformer blocks.")
+    num_heads: int = doc(4, "Attention (query) heads.")
+    num_kv_heads: int = doc(2, "Key/value heads (grouped-query attention); must divide num_heads.")
+    head_dim: int = doc(64, "Width of one attention head.")
+    intermediate_size: int = doc(768, "Width of the MLP's hidden layer.")
+    epochs: float = doc(3.0, "Passes over the training examples.")
+    learning_rate: float = doc(2e-3, "Peak learning rate (AdamW, cosine decay, 5% warm-up).")
+    batch_size: int = doc(8, "Sequences per optimizer step.")
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -42,14 +40,14 @@ class TinyModelConfig:
 class KitConfig:
     """What `ensure_kit` builds when the recipe names no hub models."""
 
-    vocab_size: int = _doc(4096, "Size of the byte-level BPE vocabulary trained on the task corpus "
+    vocab_size: int = doc(4096, "Size of the byte-level BPE vocabulary trained on the task corpus "
                                  "(special tokens included).")
-    max_length: int = _doc(2048, "Longest training sequence in tokens; longer trajectories are "
+    max_length: int = doc(2048, "Longest training sequence in tokens; longer trajectories are "
                                  "dropped (and counted). Also the models' position limit.")
-    seed: int = _doc(0, "Seed of model initialisation and data order.")
-    policy: TinyModelConfig = _doc(TinyModelConfig(), "The policy (warm-started on reference "
+    seed: int = doc(0, "Seed of model initialisation and data order.")
+    policy: TinyModelConfig = doc(TinyModelConfig(), "The policy (warm-started on reference "
                                    "solutions of the train split; loss on action tokens only).")
-    world_model: TinyModelConfig = _doc(
+    world_model: TinyModelConfig = doc(
         TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
                         intermediate_size=384, epochs=4.0, learning_rate=3e-3),
         "The world-model base (pre-trained to write real observations; loss on body + closing tag).")

@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from obsspec.fields import doc
 from obsspec.rollout.tools import EmulatedLatency
-
-
-def _doc(default, help: str):
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    model: str = _doc("tiny", "'tiny' (the kit's warm-started policy, built on first use), a local "
+    model: str = doc("tiny", "'tiny' (the kit's warm-started policy, built on first use), a local "
                               "model folder, or a hub name (GPU recipes).")
-    engine: str = _doc("hf", "hf (transformers, CPU or GPU) or vllm (a vLLM server, GPU).")
-    batch_invariant: bool = _doc(True, "Per-request forward passes: results never depend on the "
+    engine: str = doc("hf", "hf (transformers, CPU or GPU) or vllm (a vLLM server, GPU).")
+    batch_invariant: bool = doc(True, "Per-request forward passes: results never depend on the "
                                        "batch (needed for bit-exact losslessness; slower).")
-    max_batch_size: int = _doc(32, "Requests decoded together.")
-    device: str = _doc("cpu", "cpu or cuda.")
-    temperature: float = _doc(1.0, "Sampling temperature (0 = greedy).")
-    top_p: float = _doc(1.0, "Nucleus sampling mass.")
-    max_new_tokens: int = _doc(192, "Longest action, in tokens.")
-    max_context: int = _doc(4096, "Longest trajectory, in tokens; the episode ends there.")
-    max_turns: int = _doc(8, "Most policy turns per episode.")
+    max_batch_size: int = doc(32, "Requests decoded together.")
+    device: str = doc("cpu", "cpu or cuda.")
+    temperature: float = doc(1.0, "Sampling temperature (0 = greedy).")
+    top_p: float = doc(1.0, "Nucleus sampling mass.")
+    max_new_tokens: int = doc(192, "Longest action, in tokens.")
+    max_context: int = doc(4096, "Longest trajectory, in tokens; the episode ends there.")
+    max_turns: int = doc(8, "Most policy turns per episode.")
 
     def __post_init__(self) -> None:
         if self.engine not in ("hf", "vllm"):
@@ -33,28 +30,28 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class WorldModelConfig:
-    model: str = _doc("tiny", "'tiny' (the kit's world-model base), a local folder or a hub name.")
-    adapter: str = _doc("", "A LoRA adapter folder to apply (from train-worldmodel); '' = none.")
-    batch_invariant: bool = _doc(True, "As policy.batch_invariant, for the world model.")
-    device: str = _doc("cpu", "cpu or cuda.")
-    max_tokens: int = _doc(256, "Longest draft, in tokens; an unfinished draft cannot match.")
-    temperature: float = _doc(0.7, "Temperature of the extra drafts when breadth > 1 (the first is greedy).")
+    model: str = doc("tiny", "'tiny' (the kit's world-model base), a local folder or a hub name.")
+    adapter: str = doc("", "A LoRA adapter folder to apply (from train-worldmodel); '' = none.")
+    batch_invariant: bool = doc(True, "As policy.batch_invariant, for the world model.")
+    device: str = doc("cpu", "cpu or cuda.")
+    max_tokens: int = doc(256, "Longest draft, in tokens; an unfinished draft cannot match.")
+    temperature: float = doc(0.7, "Temperature of the extra drafts when breadth > 1 (the first is greedy).")
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    mode: str = _doc("both", "sequential | speculative | both (same tasks and seeds, side by side).")
-    predictor: str = _doc("world_model", "world_model | history | oracle | none.")
-    depth: int = _doc(1, "Turns speculated ahead (1 is supported).")
-    breadth: int = _doc(1, "Drafts per turn (world model: greedy + sampled).")
-    split: str = _doc("val", "Which split of the prepared suite to roll out on: train or val.")
-    num_tasks: int = _doc(8, "Tasks taken from the split (in order).")
-    group_size: int = _doc(4, "Episodes per task (a GRPO group: same task, different seeds).")
-    concurrency: int = _doc(0, "Episodes running at once (0 = all).")
-    tasks_dir: str = _doc("", "A prepared suite; '' = RUN_DIR/tasks (prepared on first use).")
-    kit_cache: str = _doc(".cache/kit", "Where the tiny model kit is cached.")
-    seed: int = _doc(0, "Seed of the per-(episode, turn) sampling seeds.")
-    latency: EmulatedLatency = _doc(EmulatedLatency(), "Emulated remote-sandbox latency added to "
+    mode: str = doc("both", "sequential | speculative | both (same tasks and seeds, side by side).")
+    predictor: str = doc("world_model", "world_model | history | oracle | none.")
+    depth: int = doc(1, "Turns speculated ahead (1 is supported).")
+    breadth: int = doc(1, "Drafts per turn (world model: greedy + sampled).")
+    split: str = doc("val", "Which split of the prepared suite to roll out on: train or val.")
+    num_tasks: int = doc(8, "Tasks taken from the split (in order).")
+    group_size: int = doc(4, "Episodes per task (a GRPO group: same task, different seeds).")
+    concurrency: int = doc(0, "Episodes running at once (0 = all).")
+    tasks_dir: str = doc("", "A prepared suite; '' = RUN_DIR/tasks (prepared on first use).")
+    kit_cache: str = doc(".cache/kit", "Where the tiny model kit is cached.")
+    seed: int = doc(0, "Seed of the per-(episode, turn) sampling seeds.")
+    latency: EmulatedLatency = doc(EmulatedLatency(), "Emulated remote-sandbox latency added to "
                                                       "every command (labelled as emulated).")
 
     def __post_init__(self) -> None:

@@ -13,23 +13,20 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
+from obsspec.fields import doc
 from obsspec.env.episode import observation, start_sandbox
 from obsspec.env.sandbox import Sandbox, SandboxConfig
 from obsspec.env.task import Task
 
 
-def _doc(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass(frozen=True)
 class EmulatedLatency:
-    kind: str = _doc("none", "none | fixed | lognormal: extra latency added to every command.")
-    median_s: float = _doc(0.0, "Median of the added latency, seconds.")
-    sigma: float = _doc(0.5, "Log-normal shape (spread) of the added latency.")
+    kind: str = doc("none", "none | fixed | lognormal: extra latency added to every command.")
+    median_s: float = doc(0.0, "Median of the added latency, seconds.")
+    sigma: float = doc(0.5, "Log-normal shape (spread) of the added latency.")
 
     def __post_init__(self) -> None:
         if self.kind not in ("none", "fixed", "lognormal"):

@@ -38,7 +38,7 @@ def generate(rng: random.Random, task_id: str) -> Task:
     instruction = rng.choice([
         f"Create the archive /app/{out} containing every .{ext} file under /app/{root} (recursively){excl}, "
         f"and nothing else. Store the paths relative to /app (like {chosen[0]}).",
-        f"Pack all *.{ext} files found anywhere below /app/{root}{excl} into a {fmt} archive at /app/{out}. "
+        f"Pack all *.{ext} files found anywhere below /app/{root}{excl + ',' if skip else ''} into a {fmt} archive at /app/{out}. "
         f"No other files may be in it; member paths must be relative to /app, e.g. {chosen[-1]}.",
     ])
     find = f"find {root} -type f -name '*.{ext}'" + (f" ! -path '{root}/{skip}/*'" if skip else "")

@@ -41,7 +41,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
         loop = ('for f in *; do lc=$(printf \'%s\' "$f" | tr \'A-Z\' \'a-z\'); '
                 '[ "$f" = "$lc" ] || mv -- "$f" "$lc"; done')
     elif kind == "pad":
-        stem, ext, width = rng.choice(["img_", "scan-", "page", "frame_"]), rng.choice(["png", "jpg", "txt"]), rng.choice([3, 4])
+        stem, ext = rng.choice(["img_", "scan-", "page", "frame_"]), rng.choice(["png", "jpg", "txt"])
+        width = rng.choice([3, 4])
         nums = sorted(rng.sample(range(1, 10 ** (width - 1)), n + 2))
         ren = {f"{stem}{k}.{ext}": f"{stem}{k:0{width}d}.{ext}" for k in nums}
         ask = (f"zero-pad the number in every file name to {width} digits "

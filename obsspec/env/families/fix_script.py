@@ -61,7 +61,8 @@ BUGS = [
     (["smallest", "minimum", "find_min"],
      'def {fn}(items):\n    """Smallest element of a non-empty list."""\n    best = items[0]\n'
      "    for x in items[1:]:\n        if x > best:\n            best = x\n    return best\n",
-     ("if x > best", "if x < best"), lambda r, i: (lambda xs: ((xs,), min(xs)))(r.sample(range(-50, 99), r.randint(3, 7)))),
+     ("if x > best", "if x < best"),
+     lambda r, i: (lambda xs: ((xs,), min(xs)))(r.sample(range(-50, 99), r.randint(3, 7)))),
     (["to_fahrenheit", "c2f", "celsius_to_f"],
      'def {fn}(c):\n    """Convert degrees Celsius to Fahrenheit."""\n    return c * 9 / 5 - 32\n',
      ("- 32", "+ 32"), lambda r, i: (lambda c: ((c,), c * 9 / 5 + 32))(r.randint(-40, 120))),
@@ -108,7 +109,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
     parts = [src.format(fn=fn), src2.format(fn=fn2).replace(old2, new2)]
     rng.shuffle(parts)
     code = f'"""Small helpers for the {rng.choice(WORDS)} project."""\n\n\n' + "\n\n".join(parts)
-    tests = [_case(make, rng, fn, i) for i in range(rng.randint(2, 3))] + [_case(make2, rng, fn2, i) for i in range(2)]
+    tests = [_case(make, rng, fn, i) for i in range(rng.randint(2, 3))]
+    tests += [_case(make2, rng, fn2, i) for i in range(2)]
     hidden = [_case(make, rng, fn, i) for i in range(2, 5)] + [_case(make2, rng, fn2, i) for i in range(2, 4)]
     test = f"from {mod} import {', '.join(sorted([fn, fn2]))}\n\n" + "\n".join(tests) + '\nprint("all tests passed")\n'
     body = (f"import types\npath = {d + mod + '.py'!r}\nm = types.ModuleType({mod!r})\n"

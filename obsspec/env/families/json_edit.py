@@ -81,7 +81,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
         task_id=task_id, family=NAME, instruction=instruction,
         files={path: json.dumps(cfg, indent=rng.choice([2, 4])) + "\n"},
         verify=py_verify(
-            f"try:\n    got = json.loads(read_text({path!r}))\nexcept ValueError as e:\n    fail('invalid JSON: %s' % e)\n"
+            f"try:\n    got = json.loads(read_text({path!r}))\n"
+            "except ValueError as e:\n    fail('invalid JSON: %s' % e)\n"
             f"if json.dumps(got, sort_keys=True) != {canon!r}:\n    fail('content differs: %r' % got)"),
         solution=[f"cat {path}", f"jq '{jq_filter}' {path} > {path}.new && mv {path}.new {path}", f"jq . {path}"],
     )

@@ -42,10 +42,11 @@ def generate(rng: random.Random, task_id: str) -> Task:
     target = rng.choice(recs)
     tag = rng.choice(sorted({t for r in recs for t in r[tagk]}))
     owner = target[metak][ownk]
-    q = rng.choice(["flag", "lookup", "tags", "owner", "sum"])
+    q = rng.choice(["flag", "lookup", "tags", "owner"] + (["sum"] if numk in ("size_kb", "timeout_s") else []))
     where = f" (the list is at `{jpath[:-2]}`)" if rng.random() < 0.5 else ""
     if q == "flag":
-        ask = f"the `{nkey}` of every {noun} whose `{flagk}` field is true, one per line, in the order they appear in the file"
+        ask = (f"the `{nkey}` of every {noun} whose `{flagk}` field is true, one per line, in the order "
+               "they appear in the file")
         exp, sort = [r[nkey] for r in recs if r[flagk]], False
         jq = f"jq -r '{jpath} | select(.{flagk}) | .{nkey}'"
     elif q == "lookup":
@@ -53,7 +54,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
         exp, sort = [str(target[numk])], False
         jq = f"jq -r '{jpath} | select(.{nkey} == \"{target[nkey]}\") | .{numk}'"
     elif q == "tags":
-        ask = f"every distinct value that appears in the `{tagk}` lists of the {noun}s, one per line, sorted alphabetically"
+        ask = (f"every distinct value that appears in the `{tagk}` lists of the {noun}s, one per line, "
+               "sorted alphabetically")
         exp, sort = sorted({t for r in recs for t in r[tagk]}), True
         jq = f"jq -r '[{jpath} | .{tagk}[]] | unique | .[]'"
     elif q == "owner":

@@ -37,14 +37,15 @@ def generate(rng: random.Random, task_id: str) -> Task:
         elif kind == "secrets":
             for n in names:
                 ext = rng.choice(["key", "pem"])
-                add(f"{d}/{n}.{ext}", f"-----BEGIN {n.upper()} KEY-----\n", rng.choice(["644", "664", "640", "666"]), "600")
+                m0 = rng.choice(["644", "664", "640", "666"])
+                add(f"{d}/{n}.{ext}", f"-----BEGIN {n.upper()} KEY-----\n", m0, "600")
             add(f"{d}/index.md", "Which key is which.\n", "644", "644")
             asks.append(f"every .key and .pem file in /app/{d}/ must have mode 600 (leave the other files alone)")
             sols.append(f"find {d} -type f \\( -name '*.key' -o -name '*.pem' \\) -exec chmod 600 {{}} +")
         elif kind == "shared":
             sub = rng.choice(WORDS)
             for i, n in enumerate(names + ["notes"]):
-                m0 = rng.choice(["666", "777"]) if i == 0 else rng.choice(["666", "777", "646", "664", "644", "775", "606"])
+                m0 = rng.choice(["666", "777", "646", "664", "644", "775", "606"][: 2 if i == 0 else 7])
                 add(f"{d}/{sub + '/' if i % 2 else ''}{n}.txt", f"{n}\n", m0, "%o" % (int(m0, 8) & ~0o002))
             asks.append(f"no file anywhere under /app/{d}/ may be writable by others: remove only the "
                         "write bit for others and keep every other permission bit unchanged")
@@ -62,7 +63,7 @@ def generate(rng: random.Random, task_id: str) -> Task:
     for p in sorted(start):
         by_mode.setdefault(start[p], []).append(f"'{p}'")
     setup = "".join(f"chmod {m} {' '.join(ps)}\n" for m, ps in sorted(by_mode.items()))
-    setup += "find . -type d -exec chmod 755 {} +\n"
+    setup += "find . -mindepth 1 -type d -exec chmod 755 {} +\n"
     instruction = rng.choice(["Fix the file permissions in /app:", "Please sort out these permissions:"])
     instruction += "".join(f"\n- {a}" for a in asks)
     return Task(

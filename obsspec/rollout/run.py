@@ -45,6 +45,9 @@ async def episode_tasks(recipe: Recipe, display: Display) -> list[Task]:
         display.log(f"no prepared task suite at {tasks_dir}: preparing it now")
         await prepare_tasks(recipe, tasks_dir, display)
     tasks = load_tasks(os.path.join(tasks_dir, f"{cfg.split}.jsonl"))[: cfg.num_tasks]
+    if not tasks:
+        raise RolloutError(f"{tasks_dir}: the {cfg.split} split has no tasks "
+                           f"(choose rollout.split=train, or prepare more instances)")
     return [t for t in tasks for _ in range(cfg.group_size)]
 
 

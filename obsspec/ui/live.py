@@ -105,6 +105,9 @@ class PlainLive:
 
 
 class NoLive:
+    def __init__(self, title: str = ""):
+        pass
+
     def start(self, metrics: SpecMetrics, total: int, title: str = "") -> None:
         pass
 

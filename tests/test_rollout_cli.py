@@ -1,0 +1,72 @@
+"""`obsspec rollout` end to end on a micro model kit: both modes, traces, replay, bad input."""
+
+import json
+import shutil
+
+import pytest
+
+from test_cli import cli
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")]
+
+MICRO = ["kit.vocab_size=600", "kit.max_length=1024"] + [
+    f"kit.{m}.{k}={v}" for m in ("policy", "world_model") for k, v in
+    (("hidden_size", 32), ("num_layers", 1), ("num_heads", 2), ("num_kv_heads", 1), ("head_dim", 16),
+     ("intermediate_size", 64), ("epochs", 0.3), ("batch_size", 4))]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rollout")
+    tasks = root / "tasks"
+    r = cli("prepare-tasks", "recipes/tiny-cpu.yaml", "tasks.num_instances=22",
+            "tasks.determinism_check=false", "--out", str(tasks), "--display", "none")
+    assert r.returncode == 0, r.stderr[-2000:]
+    common = ["recipes/tiny-cpu.yaml", f"rollout.tasks_dir={tasks}", f"rollout.kit_cache={root / 'kit'}",
+              "rollout.split=train", "rollout.num_tasks=2", "rollout.group_size=2", "policy.max_turns=3",
+              "policy.max_new_tokens=48", "world_model.max_tokens=24", *MICRO]
+    r = cli("rollout", *common, "--mode", "both", "--out", str(root / "run"), "--display", "plain")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root, common, r
+
+
+def test_both_modes_side_by_side_and_token_identical(run_dir):
+    root, _, r = run_dir
+    summary = json.loads((root / "run" / "summary.json").read_text())
+    assert set(summary["modes"]) == {"sequential", "speculative"}
+    assert summary["comparison"]["token_identical"] is True
+    assert summary["episodes"] == 4 and summary["modes"]["speculative"]["predictor"] == "world_model"
+    assert "token-identical: yes" in r.stdout and "latency p95" in r.stdout
+    for name in ("episodes.jsonl", "trajectories-sequential.jsonl", "trajectories-speculative.jsonl",
+                 "trace-sequential.jsonl", "trace-speculative.jsonl"):
+        assert (root / "run" / name).exists(), name
+    chrome = json.loads((root / "run" / "trace.json").read_text())
+    assert any(e.get("name") == "policy" for e in chrome["traceEvents"])
+    traj = json.loads((root / "run" / "trajectories-speculative.jsonl").read_text().splitlines()[0])
+    assert len(traj["ids"]) == len(traj["policy_mask"]) == len(traj["wm_mask"]) == len(traj["logprobs"])
+
+
+def test_replay_reuses_the_recorded_episodes(run_dir):
+    root, common, _ = run_dir
+    r = cli("rollout", *common, "rollout.predictor=oracle", "--mode", "both",
+            "--replay", str(root / "run"), "--out", str(root / "replay"), "--display", "none")
+    assert r.returncode == 0, r.stderr[-3000:]
+    replay = json.loads((root / "replay" / "summary.json").read_text())
+    original = [json.loads(x) for x in (root / "run" / "trajectories-sequential.jsonl").read_text().splitlines()]
+    again = [json.loads(x) for x in (root / "replay" / "trajectories-speculative.jsonl").read_text().splitlines()]
+    assert replay["comparison"]["token_identical"] and replay["replay_of"] == str(root / "run")
+    assert [t["ids"] for t in again] == [t["ids"] for t in original]
+
+
+def test_rollout_bad_inputs_are_one_line(run_dir, tmp_path):
+    root, common, _ = run_dir
+    r = cli("rollout", *common, "--replay", str(tmp_path), "--out", str(tmp_path / "x"), "--display", "none")
+    assert r.returncode == 2 and "not a rollout run directory" in r.stderr
+    r = cli("rollout", *common, "rollout.predictor=oracle", "--mode", "speculative", "--display", "none",
+            "--out", str(tmp_path / "y"))
+    assert r.returncode == 2 and "needs recorded observations" in r.stderr
+    r = cli("rollout", *common, "rollout.depth=2", "--display", "none")
+    assert r.returncode == 2 and "only depth 1" in r.stderr
+    r = cli("rollout", *common, "rollout.split=val", "--display", "none", "--out", str(tmp_path / "z"))
+    assert r.returncode == 2 and "the val split has no tasks" in r.stderr

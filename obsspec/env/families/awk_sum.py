@@ -73,6 +73,7 @@ def generate(rng: random.Random, task_id: str) -> Task:
         act = (f"awk {fs}'{skip + ' ' if skip else ''}{{{agg}}} END "
                f"{{for (g in s) printf \"%s {num}\\n\", g, {res}}}' "
                f"{path} | sort > {out}")
-    return Task(task_id=task_id, family=NAME, instruction=ask, files={path: "\n".join(lines) + "\n"},
+    files = {path: "\n".join(lines) + "\n"}
+    return Task(task_id=task_id, family=NAME, instruction=ask, files=files,
                 verify=verify_numbers(out, expected, tol=tol, order=order),
                 solution=[f"head -5 {path}", act, f"cat {out}"])

@@ -23,7 +23,8 @@ COLUMNS = {
     "age": lambda rng, i: str(rng.randint(18, 80)),
     "dept": lambda rng, i: rng.choice(["ops", "sales", "eng", "hr", "legal", "finance"]),
     "salary": lambda rng, i: str(rng.randint(30, 150) * 1000),
-    "joined": lambda rng, i: f"20{rng.randint(10, 24)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+    "joined": lambda rng, i: f"20{rng.randint(10, 24)}-{rng.randint(1, 12):02d}-"
+                             f"{rng.randint(1, 28):02d}",
 }
 
 
@@ -48,7 +49,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
     body = rows if header else rows[1:]
     expected = [out_delim.join(r[i] for i in idx) for r in body]
 
-    out = rng.choice(["out", "columns", "extract", "selected"]) + ("." + ext if out_delim == delim else ".csv")
+    out = rng.choice(["out", "columns", "extract", "selected"])
+    out += "." + ext if out_delim == delim else ".csv"
     names = ", ".join(f"`{c}`" for c in want)
     ask = rng.choice([f"/app/{path} is a table whose fields are separated by {DELIMS[delim]}, with "
                       f"a header line naming the columns.",

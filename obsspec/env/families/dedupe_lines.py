@@ -47,7 +47,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
     mode = rng.choice(["first", "inplace", "merge", "merge_sorted"])
     if mode in ("first", "inplace"):
         items = _items(rng, kind, rng.randint(6, 25))
-        path = {"emails": "subscribers.txt", "hosts": "hosts.txt", "packages": "requirements.txt"}[kind]
+        path = {"emails": "subscribers.txt", "hosts": "hosts.txt",
+                "packages": "requirements.txt"}[kind]
         files = {path: "\n".join(_with_dups(rng, items)) + "\n"}
         expected = items
         if mode == "first":

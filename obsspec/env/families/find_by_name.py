@@ -47,7 +47,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
     def decoy_name() -> str:
         stem = rng.choice(others)
         if mode == "ext":
-            return rng.choice([f"{stem}.{ext}.gz", f"{stem}.{ext}s", f"{ext}_{stem}.{rng.choice(other_exts)}",
+            return rng.choice([f"{stem}.{ext}.gz", f"{stem}.{ext}s",
+                               f"{ext}_{stem}.{rng.choice(other_exts)}",
                                f"{stem}.{rng.choice(other_exts)}"])
         if mode == "prefix":
             return rng.choice([f"old_{key}_{stem}.txt", f"{stem}_{key}.{rng.choice(EXTS)}",

@@ -25,7 +25,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
     threshold = kib * 1024 if in_kib else rng.randint(20, 60) * 100
     mode = rng.choice(["larger", "smaller", "largest"])
 
-    sizes: list[int] = []
+    # at least one file on each side of the threshold
+    sizes = [rng.randint(1, threshold - 1024), rng.randint(threshold + 1024, 12000)]
     n = rng.randint(7, 12)
     while len(sizes) < n:
         s = rng.choice([0, rng.randint(1, 400), rng.randint(400, threshold - 1024),
@@ -48,7 +49,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
     if mode == "largest":
         expected = [max(zip(sizes, paths))[1]]
         instruction = (f"Which regular file anywhere under /app/{root} is the largest? Write its "
-                       f"path relative to /app (like `{root}/dir/file`) as the only line of /app/{out}.")
+                       f"path relative to /app (like `{root}/dir/file`) as the only line of "
+                       f"/app/{out}.")
         act = f"find {root} -type f -printf '%s %p\\n' | sort -n | tail -1 | cut -d' ' -f2 > {out}"
         look = f"find {root} -type f -printf '%s %p\\n' | sort -n"
     else:

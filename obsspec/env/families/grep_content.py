@@ -44,7 +44,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
         target, misses = _target(rng)
         if mode != "ci":
             misses.append(target.upper() if target.upper() != target else target.lower())
-    names = sorted({f"{rng.choice(FILE_STEMS)}_{rng.randint(1, 30)}.{'log' if folder == 'logs' else 'txt'}"
+    ext = "log" if folder == "logs" else "txt"
+    names = sorted({f"{rng.choice(FILE_STEMS)}_{rng.randint(1, 30)}.{ext}"
                     for _ in range(rng.randint(8, 14))})
     hits = set(rng.sample(names, rng.randint(2, max(2, len(names) // 2))))
     files: dict[str, str] = {}
@@ -52,11 +53,13 @@ def generate(rng: random.Random, task_id: str) -> Task:
         lines = [_filler(rng) for _ in range(rng.randint(3, 9))]
         if name in hits:
             hit = target if mode != "ci" or rng.random() < 0.5 else target.upper()
-            line = f"{hit}: {_filler(rng)}" if mode == "start" else f"{_filler(rng)} {hit} {rng.choice(WORDS)}"
+            line = (f"{hit}: {_filler(rng)}" if mode == "start"
+                    else f"{_filler(rng)} {hit} {rng.choice(WORDS)}")
             lines.insert(rng.randint(0, len(lines)), line)
         if rng.random() < 0.7:
             miss = rng.choice(misses)
-            lines.insert(rng.randint(0, len(lines)), miss if mode == "start" else f"{_filler(rng)} {miss}")
+            miss = miss if mode == "start" else f"{_filler(rng)} {miss}"
+            lines.insert(rng.randint(0, len(lines)), miss)
         files[f"{folder}/{name}"] = "\n".join(lines) + "\n"
 
     expected = sorted(set(names) - hits if mode == "absent" else hits)
@@ -67,8 +70,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
             "ci": f"contain `{target}`, ignoring case",
             "start": f"have at least one line that begins with `{target}` (case-sensitive)",
             "absent": f"do NOT contain the text `{target}` anywhere"}[mode]
-    form = ("their paths relative to /app (like `{0}/name`)" if with_dir
-            else "just their file names (no directory)").format(folder)
+    form = (f"their paths relative to /app (like `{folder}/name`)" if with_dir
+            else "just their file names (no directory)")
     out = rng.choice(["answer.txt", "hits.txt", "files.txt"])
     instruction = rng.choice([f"Which files in /app/{folder} {what}?",
                               f"Find the files in the /app/{folder} directory that {what}."])
@@ -78,7 +81,7 @@ def generate(rng: random.Random, task_id: str) -> Task:
     grep = f"grep {flag} '{pattern}'"
     act = (f"{grep} {folder}/* | sort > {out}" if with_dir
            else f"cd {folder} && {grep} * | sort > ../{out} && cd ..")
-    solution = [f"ls {folder}", f"grep -rn{'i' if mode == 'ci' else ''} '{target}' {folder} | head -30",
-                act, f"cat {out}"]
+    peek = f"grep -rn{'i' if mode == 'ci' else ''} '{target}' {folder} | head -30"
+    solution = [f"ls {folder}", peek, act, f"cat {out}"]
     return Task(task_id=task_id, family=NAME, instruction=instruction, files=files,
                 verify=verify_lines(out, expected, order="sorted"), solution=solution)

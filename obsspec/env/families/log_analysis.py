@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import random
 
-from obsspec.env.families._text_helpers import FILE_STEMS, WORDS, distinct_counts, verify_lines, verify_numbers
+from obsspec.env.families._text_helpers import (FILE_STEMS, WORDS, distinct_counts, verify_lines,
+                                                verify_numbers)
 from obsspec.env.task import Task
 
 NAME = "log-analysis"
@@ -22,18 +23,20 @@ MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", 
 
 def _access_log(rng: random.Random, ips: list[str]) -> tuple[str, list[tuple[str, str, int]]]:
     day, mon = rng.randint(1, 28), rng.choice(MONTHS)
-    paths = sorted({f"/{rng.choice(FILE_STEMS)}" + rng.choice(["", ".html", f"/{rng.randint(1, 50)}"])
+    paths = sorted({f"/{rng.choice(FILE_STEMS)}"
+                    + rng.choice(["", ".html", f"/{rng.randint(1, 50)}"])
                     for _ in range(12)})
-    codes = rng.sample([200, 200, 200, 201, 204, 301, 302, 304, 400, 403, 404, 404, 500, 502, 503], 7)
+    codes = rng.sample([200, 200, 200, 201, 204, 301, 302, 304, 400, 403, 404, 404, 500, 502,
+                        503], 7)
     codes += [404, 500]
     reqs, lines, t = [], [], rng.randint(0, 3000)
     for ip in ips:
         path, code = rng.choice(paths), rng.choice(codes)
         t += rng.randint(1, 90)
         method = "POST" if code == 201 else rng.choice(["GET", "GET", "GET", "HEAD"])
-        lines.append(f'{ip} - - [{day:02d}/{mon}/2024:{t // 3600 % 24:02d}:{t // 60 % 60:02d}:{t % 60:02d} '
-                     f'+0000] "{method} {path} HTTP/1.1" {code} {rng.randint(0, 9000)} "-" '
-                     f'"{rng.choice(AGENTS)}"')
+        stamp = f"{day:02d}/{mon}/2024:{t // 3600 % 24:02d}:{t // 60 % 60:02d}:{t % 60:02d}"
+        lines.append(f'{ip} - - [{stamp} +0000] "{method} {path} HTTP/1.1" {code} '
+                     f'{rng.randint(0, 9000)} "-" "{rng.choice(AGENTS)}"')
         reqs.append((ip, path, code))
     return "\n".join(lines) + "\n", reqs
 
@@ -43,7 +46,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
     out = rng.choice(["answer.txt", "report.txt", "result.txt"])
     if mode == "component":
         path = rng.choice(["app.log", "service.log", "worker.log"])
-        comps = rng.sample(["auth", "billing", "cache", "db", "mailer", "queue", "scheduler", "api"], 6)
+        comps = rng.sample(["auth", "billing", "cache", "db", "mailer", "queue", "scheduler",
+                            "api"], 6)
         errs = distinct_counts(rng, rng.randint(3, 5), 1, 15)
         events = [(c, "ERROR") for c, n in zip(comps, errs) for _ in range(n)]
         events += [(rng.choice(comps), rng.choice(["INFO", "INFO", "WARN", "DEBUG"]))
@@ -53,19 +57,20 @@ def generate(rng: random.Random, task_id: str) -> Task:
         lines = [f"{date} {8 + i // 60:02d}:{i % 60:02d}:{i * 7 % 60:02d} {lvl} [{c}] "
                  + " ".join(rng.sample(WORDS, 4)) for i, (c, lvl) in enumerate(events)]
         files = {path: "\n".join(lines) + "\n"}
-        ask = (f"/app/{path} is an application log (`date time LEVEL [component] message`). Count the "
-               f"ERROR lines per component. Write `<component> <count>` lines (space-separated) to "
-               f"/app/{out}, most errors first; leave out components without errors.")
+        ask = (f"/app/{path} is an application log (`date time LEVEL [component] message`). "
+               f"Count the ERROR lines per component. Write `<component> <count>` lines "
+               f"(space-separated) to /app/{out}, most errors first; leave out components "
+               f"without errors.")
         expected = list(zip(comps, errs))
-        act = (f"grep ' ERROR ' {path} | awk '{{print $4}}' | tr -d '[]' | sort | uniq -c | sort -rn "
-               f"| awk '{{print $2, $1}}' > {out}")
+        act = (f"grep ' ERROR ' {path} | awk '{{print $4}}' | tr -d '[]' | sort | uniq -c "
+               f"| sort -rn | awk '{{print $2, $1}}' > {out}")
         verify = verify_numbers(out, expected)
         return Task(task_id=task_id, family=NAME, instruction=ask, files=files, verify=verify,
                     solution=[f"head -5 {path}", act, f"cat {out}"])
 
     path = rng.choice(["access.log", "nginx_access.log", "web.log"])
-    pool = [f"10.{rng.randint(0, 9)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}" for _ in range(12)]
-    pool = sorted(set(pool))
+    pool = sorted({f"10.{rng.randint(0, 9)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}"
+                   for _ in range(12)})
     rng.shuffle(pool)
     top = rng.randint(3, 5)
     counts = distinct_counts(rng, top, 8, 25)
@@ -79,7 +84,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
         expected = [(str(c), sum(1 for *_, x in reqs if x == c)) for c in codes]
         ask = (f"{where} Count the requests per HTTP status code. Write `<code> <count>` lines "
                f"(space-separated) to /app/{out}, sorted by status code.")
-        act = f"awk '{{print $9}}' {path} | sort | uniq -c | awk '{{print $2, $1}}' | sort -n > {out}"
+        act = (f"awk '{{print $9}}' {path} | sort | uniq -c | awk '{{print $2, $1}}' "
+               f"| sort -n > {out}")
         verify = verify_numbers(out, expected)
     elif mode == "top_ips":
         expected = list(zip(pool[:top], counts[:top]))

@@ -36,7 +36,8 @@ def _code_lines(rng: random.Random, old: str) -> list[str]:
     w = rng.choice(WORDS)
     pool = [f"{old} = load_{w}()", f"result = compute({old}, {w})", f"print({old}_total)",
             f"def get_{old}():", f"    return self.{old}", f"log.info('%s', {old})",
-            f"{w}_{old} = {old} + 1", f"if {old} > {rng.randint(1, 99)}:", f"{w} = {rng.randint(1, 9)}"]
+            f"{w}_{old} = {old} + 1", f"if {old} > {rng.randint(1, 99)}:",
+            f"{w} = {rng.randint(1, 9)}"]
     return rng.sample(pool, rng.randint(4, len(pool)))
 
 
@@ -49,8 +50,9 @@ def generate(rng: random.Random, task_id: str) -> Task:
         old, new = f"{svc}{n}.{dom}", f"{svc}{n + rng.randint(1, 9)}.{dom2}"
         others = [f"{svc}{n}0.{dom}", f"{svc}{n}.{dom2}", f"{rng.choice(['web', 'smtp'])}{n}.{dom}"]
         folder = one_of(rng, ["config", "etc", "deploy", "conf"])
-        for name in rng.sample(["app.conf", "db.ini", "services.yaml", ".env", "upstream.conf",
-                                "worker.yaml", "cron/jobs.conf", "nginx/site.conf"], rng.randint(3, 6)):
+        names = ["app.conf", "db.ini", "services.yaml", ".env", "upstream.conf", "worker.yaml",
+                 "cron/jobs.conf", "nginx/site.conf"]
+        for name in rng.sample(names, rng.randint(3, 6)):
             files[f"{folder}/{name}"] = "\n".join(_host_files(rng, old, others)) + "\n"
         files[f"backup/{folder}-old.conf"] = f"host = {old}\n"
         ask = (f"We are moving from the server `{old}` to `{new}`. Replace every occurrence of "
@@ -64,13 +66,13 @@ def generate(rng: random.Random, task_id: str) -> Task:
     else:
         old, new = rng.sample(IDENTS, 2)
         new = rng.choice([new, f"{old}_{rng.choice(['new', 'v2', 'all'])}", f"{new}s"])
-        folder = one_of(rng, ["src", "lib", "app", "pkg"])
+        folder = one_of(rng, ["src", "lib", "code", "pkg"])
         for name in rng.sample(["main.py", "util.py", "models.py", "api/views.py", "cli.py",
                                 "jobs/worker.py"], rng.randint(2, 5)):
             files[f"{folder}/{name}"] = "\n".join(_code_lines(rng, old)) + "\n"
         files["README.md"] = f"The variable `{old}` is described in the docs.\n"
-        ask = (f"Rename the identifier `{old}` to `{new}` in every .py file under /app/{folder}, in "
-               f"place. Only whole identifiers change: longer names that contain it, such as "
+        ask = (f"Rename the identifier `{old}` to `{new}` in every .py file under /app/{folder}, "
+               f"in place. Only whole identifiers change: longer names that contain it, such as "
                f"`{old}_total` or `get_{old}`, must stay as they are. Leave other files alone.")
         pattern, repl = rf"\b{old}\b", new
         look = f"grep -rnw '{old}' {folder}"

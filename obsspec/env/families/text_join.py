@@ -15,7 +15,8 @@ from obsspec.env.task import Task
 NAME = "text-join"
 
 FIELDS = {"name": FIRST_NAMES, "city": CITIES, "team": WORDS,
-          "plan": ["free", "basic", "pro", "team", "enterprise"]}
+          "plan": ["free", "basic", "pro", "business", "enterprise"]}
+PLURAL = {"name": "names", "city": "cities", "team": "teams", "plan": "plans"}
 
 
 def generate(rng: random.Random, task_id: str) -> Task:
@@ -27,7 +28,7 @@ def generate(rng: random.Random, task_id: str) -> Task:
     ids = [f"{prefix}{n:03d}" for n in rng.sample(range(1, 1000), rng.randint(8, 20))]
     v1 = {i: rng.choice(FIELDS[f1]) for i in ids}
     v2 = {i: rng.choice(FIELDS[f2]) for i in ids}
-    a, b = f"{f1}s.txt", f"{f2}s.txt"
+    a, b = f"{PLURAL[f1]}.txt", f"{PLURAL[f2]}.txt"
     out = rng.choice(["joined.txt", "merged.txt", "combined.txt", "report.txt"])
 
     if mode in ("inner", "left"):
@@ -44,15 +45,17 @@ def generate(rng: random.Random, task_id: str) -> Task:
         keys = [i for i in in_a if mode == "left" or i in in_b]
         expected = [f"{i},{v1[i]},{v2[i] if i in in_b else 'NA'}" for i in keys]
         which = ("for every id that appears in both files" if mode == "inner" else
-                 f"for every id in /app/{a}, using `NA` as the {f2} when /app/{b} has no line for it")
+                 f"for every id in /app/{a}, using `NA` as the {f2} when /app/{b} has no line "
+                 f"for it")
         ask = (f"Each line of /app/{a} holds an id and a {f1}, and each line of /app/{b} an id and "
-               f"a {f2}, separated by {sep_name} (no header, not sorted). Produce /app/{out} with one line `id,{f1},{f2}` "
+               f"a {f2}, separated by {sep_name} (no header, not sorted). Produce /app/{out} "
+               f"with one line `id,{f1},{f2}` "
                f"(comma-separated) {which}, sorted by id.")
         t = "-t, " if sep == "," else ""
         k = "-t, -k1,1" if sep == "," else "-k1,1"
         opts = "" if mode == "inner" else "-a1 -e NA -o 0,1.2,2.2 "
-        act = f"join {t}{opts}<(sort {k} {a}) <(sort {k} {b})" + ("" if sep == "," else " | tr ' ' ','")
-        act += f" > {out}"
+        act = f"join {t}{opts}<(sort {k} {a}) <(sort {k} {b})"
+        act += f" > {out}" if sep == "," else f" | tr ' ' ',' > {out}"
         verify = verify_lines(out, expected, order="sorted", squeeze=False)
         look = f"head -3 {a} {b}"
     elif mode == "paste":

@@ -58,7 +58,8 @@ def generate(rng: random.Random, task_id: str) -> Task:
         expected = [f"{v} {c}" for v, c in zip(items[:top], counts[:top])]
         act += f" | awk '{{print $2, $1}}' > {out}"
     else:
-        ask += f" Write just the {noun} (no counts) to /app/{out}, most frequent first, one per line."
+        ask += (f" Write just the {noun} (no counts) to /app/{out}, most frequent first, one "
+                f"per line.")
         expected = items[:top]
         act += f" | awk '{{print $2}}' > {out}"
     return Task(task_id=task_id, family=NAME, instruction=ask, files={path: text},

@@ -230,3 +230,10 @@ def test_unsandboxed_mode_only_when_asked_and_warns():
     with pytest.warns(UserWarning, match="UNSANDBOXED"):
         r = run(session(["cd sub 2>/dev/null || mkdir sub && cd sub; export A=1", "echo $A; basename $PWD", "sleep 30"], config=cfg))
     assert text(r[1]) == "1\nsub\n" and r[2].timed_out
+
+
+def test_random_is_seeded_by_the_logical_clock():
+    a = run(session(["echo $RANDOM $RANDOM", "echo $RANDOM"]))
+    b = run(session(["echo $RANDOM $RANDOM", "echo $RANDOM"]))
+    assert [x.output for x in a] == [x.output for x in b]
+    assert a[0].output != a[1].output

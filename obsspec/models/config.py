@@ -22,6 +22,7 @@ class TinyModelConfig:
     head_dim: int = doc(64, "Width of one attention head.")
     intermediate_size: int = doc(768, "Width of the MLP's hidden layer.")
     epochs: float = doc(3.0, "Passes over the training examples.")
+    max_steps: int = doc(0, "Cap on optimizer steps (0 = no cap; `epochs` decides).")
     learning_rate: float = doc(2e-3, "Peak learning rate (AdamW, cosine decay, 5% warm-up).")
     batch_size: int = doc(8, "Sequences per optimizer step.")
 
@@ -32,8 +33,8 @@ class TinyModelConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
-        if self.epochs < 0 or self.learning_rate <= 0:
-            raise ValueError("epochs must be >= 0 and learning_rate > 0")
+        if self.epochs < 0 or self.max_steps < 0 or self.learning_rate <= 0:
+            raise ValueError("epochs and max_steps must be >= 0 and learning_rate > 0")
 
 
 @dataclass(frozen=True)

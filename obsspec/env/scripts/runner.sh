@@ -38,6 +38,7 @@ if [ "$__obsspec_det" = 1 ] && [ -n "$__obsspec_faketime" ]; then
   printf -v FAKETIME '%(%Y-%m-%d %H:%M:%S)T' "$1"
   export LD_PRELOAD=$__obsspec_faketime FAKETIME DONT_FAKE_MONOTONIC=1
 fi
+RANDOM=$1  # $RANDOM is seeded by the logical clock: the same numbers in every episode
 trap __obsspec_save EXIT
 __obsspec_cmd=$(< "$__obsspec_cmdfile")
 __obsspec_status() { return "$1"; }

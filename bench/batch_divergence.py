@@ -1,0 +1,68 @@
+"""Divergence in the engine's fast batched mode: sequential vs sequential, and speculative vs sequential.
+
+    .venv/bin/python bench/batch_divergence.py [--recipe recipes/tiny-cpu.yaml] [key=value ...]
+
+In batched mode floating-point results can depend on which requests share a batch, so even two
+*sequential* runs with the same seeds may diverge. Speculation changes batch composition too; it
+is acceptable only if it diverges no more often than sequential runs already do. This runs the
+same episodes three times with `policy.batch_invariant=false` (sequential, sequential,
+speculative with the history predictor) and prints, as JSON, the fraction of episodes whose
+token ids differ in each comparison (and the batch-invariant mode's, which must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from obsspec.config import load_recipe
+from obsspec.rollout.events import EventBus
+from obsspec.rollout.predictors import HistoryCache
+from obsspec.rollout.run import _tool_factory, episode_tasks, hf_engine, model_paths
+from obsspec.rollout.scheduler import Sampling, Scheduler
+from obsspec.tokens import ChatFormat
+from obsspec.ui.display import PlainDisplay
+
+
+def differing(a, b) -> float:
+    return sum(1 for x, y in zip(a, b) if x.ids != y.ids) / len(a)
+
+
+async def main_async(args) -> dict:
+    recipe = load_recipe(args.recipe, args.overrides)
+    display = PlainDisplay()
+    episodes = await episode_tasks(recipe, display)
+    policy_path, _ = model_paths(recipe, display)
+    p = recipe.policy
+    sampling = Sampling(p.max_turns, p.max_new_tokens, p.max_context, p.temperature, p.top_p, recipe.rollout.seed)
+    out = {"episodes": len(episodes)}
+    for invariant in (False, True):
+        engine, tok = hf_engine(policy_path, invariant, p.device, p.max_batch_size)
+        fmt = ChatFormat(tok)
+        try:
+            runs = []
+            for speculative in (False, False, True):
+                sched = Scheduler(engine, fmt, EventBus(), sampling, cap=recipe.sandbox.output_cap,
+                                  predictor=HistoryCache() if speculative else None)
+                runs.append(await sched.run_batch(episodes, _tool_factory(recipe, None), speculative))
+        finally:
+            engine.close()
+        key = "batch_invariant" if invariant else "batched"
+        out[key] = {"sequential_vs_sequential": differing(runs[0], runs[1]),
+                    "speculative_vs_sequential": differing(runs[0], runs[2]),
+                    "bash_turns": sum(1 for t in runs[0] for turn in t.turns if turn.kind == "bash")}
+        print(json.dumps({key: out[key]}), flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--recipe", default="recipes/tiny-cpu.yaml")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -11,7 +11,8 @@ in a user turn wrapped in `<tool_response>` as Qwen3's chat template does it:
                                   `<|im_end|>` is the stop token and belongs to the action)
     observation_ids(body)         OBS_PREFIX = "\\n<|im_start|>user\\n" + chat.OBS_OPEN
                                   + body
-                                  + chat.OBS_CLOSE + AFTER_OBS, AFTER_OBS = "<|im_end|>\\n<|im_start|>assistant\\n"
+                                  + chat.OBS_CLOSE + AFTER_OBS
+                                  where AFTER_OBS = "<|im_end|>\\n<|im_start|>assistant\\n"
 
 with chat.OBS_OPEN = "<tool_response>\\n" and chat.OBS_CLOSE = "\\n</tool_response>", so the
 observation reads "\\n<|im_start|>user\\n<tool_response>\\n{body}\\n</tool_response><|im_end|>\\n

@@ -10,8 +10,10 @@ No model can be downloaded here (DESIGN.md section 6), so the embedded default t
 - `evaluate.py`    the policy's success rate on validation tasks in real sandboxes
 - `config.py`      `KitConfig`, the recipe section (no torch import)
 
-    python -m obsspec.models.kit /tmp/kit_tasks --cache .cache/kit          # build (or reuse)
-    python -m obsspec.models.evaluate /tmp/kit_tasks --cache .cache/kit     # success rates
+    python -m obsspec.models.kit TASKS_DIR [kit.key=value ...]                    # build (or reuse)
+    python -m obsspec.models.evaluate TASKS_DIR [kit.key=value ...] --world-model kit
+
+See docs/MODELS.md for the layout, the training recipe and measured numbers.
 
 This package's `__init__` imports nothing heavy, so `obsspec.config` can import `KitConfig`.
 """

@@ -15,15 +15,17 @@ from obsspec.fields import doc
 class TinyModelConfig:
     """One tiny Qwen3 model: its shape and its supervised training budget."""
 
-    hidden_size: int = doc(256, "Width of the residual stream.")
-    num_layers: int = doc(4, "Transformer blocks.")
+    # Defaults: the policy of the embedded tiny-cpu recipe (about 3 minutes on 2 CPU cores).
+    hidden_size: int = doc(128, "Width of the residual stream.")
+    num_layers: int = doc(2, "Transformer blocks.")
     num_heads: int = doc(4, "Attention (query) heads.")
     num_kv_heads: int = doc(2, "Key/value heads (grouped-query attention); must divide num_heads.")
-    head_dim: int = doc(64, "Width of one attention head.")
-    intermediate_size: int = doc(768, "Width of the MLP's hidden layer.")
-    epochs: float = doc(3.0, "Passes over the training examples.")
-    max_steps: int = doc(0, "Cap on optimizer steps (0 = no cap; `epochs` decides).")
-    learning_rate: float = doc(2e-3, "Peak learning rate (AdamW, cosine decay, 5% warm-up).")
+    head_dim: int = doc(32, "Width of one attention head.")
+    intermediate_size: int = doc(384, "Width of the MLP's hidden layer.")
+    epochs: float = doc(8.0, "Passes over the training examples (see max_steps).")
+    max_steps: int = doc(300, "Cap on optimizer steps (0 = no cap; `epochs` decides): bounds the "
+                              "build time on large task suites.")
+    learning_rate: float = doc(5e-3, "Peak learning rate (AdamW, cosine decay, 5% warm-up).")
     batch_size: int = doc(8, "Sequences per optimizer step.")
 
     def __post_init__(self) -> None:
@@ -49,8 +51,7 @@ class KitConfig:
     policy: TinyModelConfig = doc(TinyModelConfig(), "The policy (warm-started on reference "
                                    "solutions of the train split; loss on action tokens only).")
     world_model: TinyModelConfig = doc(
-        TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
-                        intermediate_size=384, epochs=4.0, learning_rate=3e-3),
+        TinyModelConfig(epochs=4.0, max_steps=150),
         "The world-model base (pre-trained to write real observations; loss on body + closing tag).")
 
     def __post_init__(self) -> None:

@@ -1,7 +1,10 @@
 """How well a policy solves validation tasks: real sandbox episodes, sequential turns.
 
-Run: python -m obsspec.models.evaluate TASKS_DIR [--cache .cache/kit] [--policies untrained,warm]
-     [--recipe recipes/tiny-cpu.yaml] [--limit N] [--workers 4] [--out eval.json]
+Run: python -m obsspec.models.evaluate TASKS_DIR [kit.key=value ...] [--cache .cache/kit]
+     [--policies untrained,warm] [--world-model kit] [--recipe recipes/tiny-cpu.yaml] [--limit N]
+     [--out eval.json]
+
+The kit (built if missing) follows the recipe's `kit` section and the overrides.
 
 Per episode: the prompt (obsspec/tokens.py), then up to `task.max_turns` turns of: generate an
 action (HFEngine, stop on <|im_end|>; greedy unless a temperature is given, then seeded by
@@ -10,6 +13,10 @@ on `done` stop, on a malformed call append the fixed error observation. An episo
 when its tokens reach `max_tokens` (the model's positions). The verifier gives the reward.
 Episodes run concurrently (asyncio) and share the engine, which batches their generations.
 Commands run with the sandbox's own timeout (a `timeout` parameter of the call is ignored here).
+
+`--world-model` also scores a world model on the val reference trajectories: for every step, a
+greedy draft from `wm_prompt_ids(history, action)` (stop at the closing tag, 256 tokens at most),
+normalised like a real observation and compared with the real body, exactly.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from obsspec import chat
 from obsspec.engines.base import GenerationRequest
 from obsspec.env.episode import observation, start_sandbox
 from obsspec.env.sandbox import SandboxConfig, SandboxError
@@ -42,8 +50,10 @@ class EpisodeOutcome:
     task_id: str
     reward: float | None  # None: the sandbox failed (excluded from the rates)
     actions: list[str] = field(default_factory=list)  # kinds: bash / done / error
+    errors: list[str] = field(default_factory=list)  # the parse error of each malformed action
     first_command: str | None = None
     first_command_is_reference: bool = False
+    first_program_is_reference: bool = False  # same first word (ls, find, head ...)
     tokens: int = 0
     infra_error: str = ""
 
@@ -75,11 +85,14 @@ async def run_episode(engine: Any, fmt: ChatFormat, task: Task, sandbox_config: 
             if action.kind == "done":
                 break
             if action.kind == "error":
+                out.errors.append(action.error)
                 obs, _ = fmt.error_observation_ids(action.error)
             else:
                 if out.first_command is None:
                     out.first_command = action.command
-                    out.first_command_is_reference = bool(task.solution) and action.command == task.solution[0]
+                    reference = task.solution[0] if task.solution else ""
+                    out.first_command_is_reference = action.command == reference
+                    out.first_program_is_reference = action.command.split()[:1] == reference.split()[:1]
                 result = await sandbox.run(action.command)
                 obs, _ = fmt.observation_ids(observation(result, sandbox_config))
             ids += obs
@@ -128,6 +141,8 @@ def summarize(outcomes: list[EpisodeOutcome]) -> dict:
         "done_called_frac": round(sum("done" in o.actions for o in scored) / n, 4) if n else None,
         "first_command_reference_frac":
             round(sum(o.first_command_is_reference for o in scored) / n, 4) if n else None,
+        "first_program_reference_frac":
+            round(sum(o.first_program_is_reference for o in scored) / n, 4) if n else None,
         "mean_turns": round(len(actions) / n, 2) if n else None,
     }
 
@@ -135,20 +150,51 @@ def summarize(outcomes: list[EpisodeOutcome]) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def _policy(which: str, paths: Any):
+async def evaluate_world_model(engine: Any, fmt: ChatFormat, trajectories: list[dict], cap: int,
+                               max_new_tokens: int = 256, display: Display | None = None) -> dict:
+    """Greedy drafts of a world model for every step of reference trajectories, compared with the
+    real body after the same normalisation a real observation gets (exact string = exact ids)."""
+    display = display or NullDisplay()
+    cases = []
+    for row in trajectories:
+        history = fmt.prompt_ids(row["instruction"])
+        for step in row["steps"]:
+            action = fmt.action_ids(chat.render_bash(step["command"]))
+            cases.append((fmt.wm_prompt_ids(history, action), step["observation"]))
+            history = history + action + fmt.observation_ids(step["observation"])[0]
+
+    async def one(prompt: list[int], body: str) -> tuple[bool, bool, bool]:
+        gen = await engine.generate(GenerationRequest(
+            prompt_ids=prompt, max_new_tokens=max_new_tokens, temperature=0.0,
+            stop_token_ids=fmt.wm_stop_token_ids, stop_strings=fmt.wm_stop_strings))
+        draft = chat.split_draft(fmt.decode(gen.token_ids))
+        display.advance(1)
+        exact = draft is not None and chat.normalize_draft(draft, cap=cap) == body
+        return draft is not None, exact, body.startswith(chat.NO_OUTPUT + "\n")
+
+    display.start(len(cases), "world model drafts")
+    try:
+        results = await asyncio.gather(*(one(p, b) for p, b in cases))
+    finally:
+        display.finish()
+    quiet = [r for r in results if r[2]]
+    loud = [r for r in results if not r[2]]
+    frac = lambda rs, i: round(sum(r[i] for r in rs) / len(rs), 4) if rs else None  # noqa: E731
+    return {"steps": len(results), "finished_frac": frac(results, 0), "exact_frac": frac(results, 1),
+            "no_output_steps": len(quiet), "exact_frac_no_output": frac(quiet, 1),
+            "exact_frac_with_output": frac(loud, 1)}
+
+
+def _policy(which: str, paths: Any, cfg: Any):
     from obsspec.models import tiny
-    from obsspec.models.config import KitConfig, TinyModelConfig
 
     if which == "warm":
         return tiny.load_pretrained(paths.policy)
     if which == "untrained":  # the same random initialisation the warm start began from
         from transformers import AutoTokenizer
 
-        cfg = paths.read_report()["config"]
-        policy = TinyModelConfig(**cfg["policy"])
-        kit = KitConfig(**{**cfg, "policy": policy, "world_model": TinyModelConfig(**cfg["world_model"])})
         tokenizer = AutoTokenizer.from_pretrained(paths.tokenizer)
-        return tiny.build_model(kit.policy, tokenizer, kit.max_length, kit.seed).eval(), tokenizer
+        return tiny.build_model(cfg.policy, tokenizer, cfg.max_length, cfg.seed).eval(), tokenizer
     return tiny.load_pretrained(which)  # a folder or a hub name
 
 
@@ -160,19 +206,33 @@ async def _main_async(args) -> dict:
     from obsspec.ui.display import make_display
 
     display = make_display(args.display)
-    recipe = load_recipe(args.recipe)
+    recipe = load_recipe(args.recipe, args.overrides)
     tasks = load_tasks(f"{args.tasks_dir}/val.jsonl")[: args.limit or None]
-    paths = ensure_kit(args.tasks_dir, args.cache, display=display)
-    settings = EvalSettings(temperature=args.temperature, workers=args.workers)
+    names = [n for n in args.policies.split(",") if n]
+    paths = ensure_kit(args.tasks_dir, args.cache, recipe.kit, display) \
+        if {"untrained", "warm"} & set(names) or args.world_model == "kit" else None
+    settings = EvalSettings(temperature=args.temperature, workers=args.workers,
+                            max_tokens=recipe.kit.max_length)
     results = {"command": " ".join(["python -m obsspec.models.evaluate", *args.argv]),
-               "kit": paths.root, "settings": asdict(settings)}
-    for which in args.policies.split(","):
-        model, tokenizer = _policy(which, paths)
+               "kit": paths.root if paths else None, "settings": asdict(settings)}
+    for which in names:
+        model, tokenizer = _policy(which, paths, recipe.kit)
         async with HFEngine(model, tokenizer) as engine:
             r = await evaluate_policy(engine, ChatFormat(tokenizer), tasks, recipe.sandbox, settings,
                                       display, f"policy {which}")
         results[which] = r
         display.log(f"{which}: " + json.dumps({k: v for k, v in r.items() if k != "episodes"}))
+    if args.world_model:
+        from obsspec.models.kit import read_trajectories
+        from obsspec.models.tiny import load_pretrained
+
+        rows = [r for r in read_trajectories(args.tasks_dir) if r.get("split") == "val"][: args.limit or None]
+        where = paths.world_model if args.world_model == "kit" else args.world_model
+        model, tokenizer = load_pretrained(where)
+        async with HFEngine(model, tokenizer) as engine:
+            results["world_model"] = await evaluate_world_model(
+                engine, ChatFormat(tokenizer), rows, recipe.sandbox.output_cap, display=display)
+        display.log("world model: " + json.dumps(results["world_model"]))
     return results
 
 
@@ -182,9 +242,12 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m obsspec.models.evaluate", description=__doc__.split("\n")[0])
     p.add_argument("tasks_dir", help="a prepared task suite; its val.jsonl is evaluated")
+    p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. kit.policy.epochs=2")
     p.add_argument("--cache", default=".cache/kit", help="kit cache (built if missing)")
     p.add_argument("--policies", default="untrained,warm",
                    help="comma-separated: untrained, warm, or a model folder / hub name")
+    p.add_argument("--world-model", default="", help="also score greedy drafts of a world model on the "
+                   "val reference steps: 'kit' (the kit's base) or a model folder / hub name")
     p.add_argument("--recipe", default="recipes/tiny-cpu.yaml", help="recipe whose sandbox settings apply")
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N val tasks (0 = all)")
     p.add_argument("--workers", type=int, default=4, help="concurrent episodes")

@@ -3,7 +3,8 @@
     paths = ensure_kit("runs/tasks", ".cache/kit", KitConfig(), display)
     model, tokenizer = load_pretrained(paths.policy)
 
-Run: python -m obsspec.models.kit TASKS_DIR [--cache .cache/kit] [--display plain]
+Run: python -m obsspec.models.kit TASKS_DIR [kit.key=value ...] [--recipe recipes/tiny-cpu.yaml]
+     [--cache .cache/kit] [--display plain]
 
 What it builds from a prepared task suite (`obsspec prepare-tasks`; only `trajectories.jsonl` is
 read, and only its train split is trained on):
@@ -67,7 +68,9 @@ def ensure_kit(tasks_dir: str, cache_dir: str, cfg: KitConfig = KitConfig(),
     """The kit for this suite and config: from the cache, or built now (minutes on 2 CPU cores)."""
     display = display or NullDisplay()
     if not os.path.exists(os.path.join(tasks_dir, TRAJECTORIES)):
-        raise FileNotFoundError(f"{tasks_dir}: no {TRAJECTORIES} (run `obsspec prepare-tasks` first)")
+        from obsspec.env.suite import TaskNotFound  # a user error: the CLI prints one line
+
+        raise TaskNotFound(f"{tasks_dir}: no {TRAJECTORIES} (run `obsspec prepare-tasks` first)")
     paths = KitPaths.under(os.path.join(cache_dir, f"kit-{kit_key(tasks_dir, cfg)[:16]}"))
     if os.path.exists(paths.report):
         display.log(f"tiny model kit: cached at {paths.root}")
@@ -137,14 +140,18 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, display: Display) ->
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
+    from obsspec.config import load_recipe
     from obsspec.ui.display import make_display
 
     p = argparse.ArgumentParser(prog="python -m obsspec.models.kit", description=__doc__.split("\n")[0])
     p.add_argument("tasks_dir", help="a prepared task suite (obsspec prepare-tasks --out DIR)")
+    p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. kit.policy.epochs=2")
+    p.add_argument("--recipe", default=None, help="recipe whose `kit` section applies (default: defaults)")
     p.add_argument("--cache", default=".cache/kit", help="where kits are cached")
     p.add_argument("--display", default="auto", choices=["auto", "rich", "plain", "none"])
     args = p.parse_args(argv)
-    paths = ensure_kit(args.tasks_dir, args.cache, KitConfig(), make_display(args.display))
+    cfg = load_recipe(args.recipe, args.overrides).kit
+    paths = ensure_kit(args.tasks_dir, args.cache, cfg, make_display(args.display))
     print(json.dumps({**dataclasses.asdict(paths), "report": paths.read_report()}, indent=2))
 
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -50,20 +51,28 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def save(model: Any, tokenizer: Any, path: str | os.PathLike[str]) -> None:
-    """An ordinary model folder: weights, config and the tokenizer, loadable by `load_pretrained`."""
+@contextlib.contextmanager
+def _no_progress_bars():
+    """No "Writing model shards" / "Loading weights" bars for a few MB (they garble displays)."""
     bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # no "Writing model shards" bar for a 5 MB model
+    hf_logging.disable_progress_bar()
     try:
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        yield
     finally:
         if bars:
             hf_logging.enable_progress_bar()
 
 
+def save(model: Any, tokenizer: Any, path: str | os.PathLike[str]) -> None:
+    """An ordinary model folder: weights, config and the tokenizer, loadable by `load_pretrained`."""
+    with _no_progress_bars():
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+
+
 def load_pretrained(name_or_path: str | os.PathLike[str], *, dtype: Any = "auto", device: str = "cpu"):
     """(model, tokenizer) from a local folder or a hub name: the same call serves both."""
     tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
-    model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype)
+    with _no_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype)
     return model.to(device).eval(), tokenizer

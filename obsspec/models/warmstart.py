@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import datasets
+import torch
+import torch.nn.functional as F
 from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback
 from trl import SFTConfig, SFTTrainer
@@ -53,6 +55,61 @@ def examples(fmt: ChatFormat, trajectories: Iterable[dict], target: str,
     return rows, dropped
 
 
+TRAIN_SAMPLE = 64  # train rows whose loss is measured after training
+
+
+class CompactSFTTrainer(SFTTrainer):
+    """SFTTrainer whose loss runs the LM head on the labelled positions only.
+
+    On devices without Triton (CPUs), trl 1.16's fused LM head scores every position and computes
+    entropy and top-1 statistics as well; most positions here are prompt and observation tokens
+    that carry no loss, so that is most of the step's time. The loss is the same token-mean NLL.
+    """
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if return_outputs:
+            return super().compute_loss(model, inputs, True, num_items_in_batch)
+        nll, correct, count = masked_nll(self.accelerator.unwrap_model(model), inputs)
+        mode = "train" if model.training else "eval"
+        self._metrics[mode]["mean_token_accuracy"].append(correct / max(count, 1))
+        denominator = count if num_items_in_batch is None else num_items_in_batch
+        return nll / torch.as_tensor(denominator).clamp(min=1)
+
+
+def masked_nll(model: Any, batch: dict) -> tuple[torch.Tensor, int, int]:
+    """(sum of next-token NLL over positions whose label is not -100, top-1 hits, count)."""
+    backbone = getattr(model, model.base_model_prefix)
+    hidden = backbone(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                      use_cache=False).last_hidden_state[:, :-1]
+    targets = batch["labels"][:, 1:]
+    mask = targets != -100
+    logits = model.get_output_embeddings()(hidden[mask]).float()
+    nll = F.cross_entropy(logits, targets[mask], reduction="sum")
+    return nll, int((logits.argmax(-1) == targets[mask]).sum()), int(mask.sum())
+
+
+@torch.no_grad()
+def heldout_loss(model: Any, rows: list[dict], pad_id: int, batch_size: int = 8) -> float | None:
+    """Token-mean NLL over the masked tokens of pre-tokenized rows (exact, unlike the Trainer's
+    mean of per-batch means)."""
+    model.eval()
+    total, count = 0.0, 0
+    rows = sorted(rows, key=lambda r: len(r["input_ids"]))  # less padding
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i:i + batch_size]
+        width = max(len(r["input_ids"]) for r in chunk)
+        pad = [width - len(r["input_ids"]) for r in chunk]
+        batch = {  # on the model's device
+            "input_ids": torch.tensor([r["input_ids"] + [pad_id] * p for r, p in zip(chunk, pad)]),
+            "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * p for r, p in zip(chunk, pad)]),
+            "labels": torch.tensor([[t if m else -100 for t, m in zip(r["input_ids"], r["completion_mask"])]
+                                    + [-100] * p for r, p in zip(chunk, pad)]),
+        }
+        nll, _, n = masked_nll(model, {k: v.to(model.device) for k, v in batch.items()})
+        total, count = total + float(nll), count + n
+    return total / count if count else None
+
+
 class _Progress(TrainerCallback):
     """Reports training through a `Display` (one step = one optimizer step)."""
 
@@ -74,11 +131,20 @@ class _Progress(TrainerCallback):
         self.display.finish()
 
 
-def sft_config(cfg: TinyModelConfig, out_dir: str, seed: int, **overrides: Any) -> SFTConfig:
-    """CPU-friendly settings: fp32, no gradient checkpointing (tiny activations), no saving."""
+def planned_steps(cfg: TinyModelConfig, examples: int) -> int:
+    """Optimizer steps: `epochs` passes over `examples`, capped at `max_steps` when that is set."""
+    steps = math.ceil(cfg.epochs * math.ceil(examples / cfg.batch_size))
+    return min(steps, cfg.max_steps) if cfg.max_steps else steps
+
+
+def sft_config(cfg: TinyModelConfig, out_dir: str, seed: int, steps: int = -1,
+               **overrides: Any) -> SFTConfig:
+    """Tiny-model settings: fp32, no gradient checkpointing (tiny activations), no saving; the GPU
+    when there is one, else the CPU."""
     args = dict(
-        output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, activation_checkpointing=False,
-        num_train_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+        output_dir=out_dir, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
+        activation_checkpointing=False,
+        max_steps=steps, num_train_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
         lr_scheduler_type="cosine", warmup_steps=0.05, weight_decay=0.0,
         per_device_train_batch_size=cfg.batch_size, per_device_eval_batch_size=cfg.batch_size,
         # Sequences are already cut to the kit's max_length; the mask marks what is learned.
@@ -94,36 +160,49 @@ def sft_config(cfg: TinyModelConfig, out_dir: str, seed: int, **overrides: Any) 
 
 def train(model: Any, tokenizer: Any, train_rows: list[dict], eval_rows: list[dict],
           cfg: TinyModelConfig, out_dir: str, seed: int = 0, label: str = "sft",
-          display: Display | None = None) -> dict:
-    """Train `model` in place on pre-tokenized rows; return loss figures and timings."""
+          display: Display | None = None, measure_train: bool = True) -> dict:
+    """Train `model` in place on pre-tokenized rows; return loss figures and timings.
+
+    Losses are token-mean NLL (nats) over the masked tokens: `eval_loss` on `eval_rows` and, with
+    `measure_train`, `train_loss` on an evenly spread sample of TRAIN_SAMPLE train rows.
+    """
     display = display or NullDisplay()
     t0 = time.monotonic()
+    steps = planned_steps(cfg, len(train_rows))
     with _quiet():
-        trainer = SFTTrainer(
-            model=model, args=sft_config(cfg, out_dir, seed), processing_class=tokenizer,
-            train_dataset=Dataset.from_list(train_rows),
-            eval_dataset=Dataset.from_list(eval_rows) if eval_rows else None,
-            callbacks=[_Progress(display, label)],
+        trainer = CompactSFTTrainer(
+            model=model, args=sft_config(cfg, out_dir, seed, steps), processing_class=tokenizer,
+            train_dataset=Dataset.from_list(train_rows), callbacks=[_Progress(display, label)],
         )
     trainer.remove_callback(PrinterCallback)  # progress goes through the Display instead
-    result = trainer.train() if cfg.epochs > 0 else None
+    if steps > 0:
+        trainer.train()
     train_sec = time.monotonic() - t0
-    logged = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    logged = [e for e in trainer.state.log_history if "loss" in e]
     report = {
         "examples": len(train_rows), "eval_examples": len(eval_rows),
         "steps": trainer.state.global_step, "train_sec": round(train_sec, 1),
-        "train_loss_mean": round(result.training_loss, 4) if result else None,
-        # The last logging window (the last ~10% of steps): the loss the model ended with.
-        "train_loss_final": round(logged[-1], 4) if logged else None,
-        "tokens_trained": sum(len(r["input_ids"]) for r in train_rows) * cfg.epochs,
+        "tokens_per_epoch": sum(len(r["input_ids"]) for r in train_rows),
+        "target_tokens_per_epoch": sum(sum(r["completion_mask"]) for r in train_rows),
+        # The last logging window (about the last 10% of steps), as the Trainer logged it.
+        "last_logged_loss": round(logged[-1]["loss"], 4) if logged else None,
+        "last_logged_token_accuracy":
+            round(logged[-1].get("mean_token_accuracy", 0.0), 4) if logged else None,
     }
+    pad_id = tokenizer.pad_token_id
+    if measure_train:
+        sample = train_rows[:: max(1, len(train_rows) // TRAIN_SAMPLE)][:TRAIN_SAMPLE]
+        report["train_loss"] = _rounded(heldout_loss(model, sample, pad_id, cfg.batch_size))
     if eval_rows:
-        eval_loss = trainer.evaluate()["eval_loss"]
-        report["eval_loss"] = round(eval_loss, 4)
-        report["eval_perplexity"] = round(math.exp(min(eval_loss, 50.0)), 3)
+        report["eval_loss"] = _rounded(heldout_loss(model, eval_rows, pad_id, cfg.batch_size))
+    report["sec"] = round(time.monotonic() - t0, 1)
     model.eval()
     _cleanup(out_dir)
     return report
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 @contextlib.contextmanager

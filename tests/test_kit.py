@@ -1,0 +1,326 @@
+"""Tests of the tiny local model kit (obsspec/models): tokenizer, SFT examples, training, cache.
+
+Everything is tiny (vocab 512, hidden 32, a handful of trajectories written here), so the file
+runs in seconds on a CPU without downloads.
+
+Run: .venv/bin/python -m pytest -q tests/test_kit.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from obsspec import chat
+from obsspec.engines.base import Generation
+from obsspec.env.sandbox import SandboxConfig
+from obsspec.env.suite import TaskNotFound, builtin_task
+from obsspec.models import kit, tiny, warmstart
+from obsspec.models.config import KitConfig, TinyModelConfig
+from obsspec.models.evaluate import EvalSettings, evaluate_policy
+from obsspec.models.tokenizer import SPECIAL, TOOL_TAGS, corpus_texts, train_tokenizer
+from obsspec.tokens import ChatFormat
+
+TINY_MODEL = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                             intermediate_size=64, epochs=1.0, learning_rate=1e-2, batch_size=2)
+TINY = KitConfig(vocab_size=512, max_length=1024, policy=TINY_MODEL,
+                 world_model=dataclasses.replace(TINY_MODEL, num_layers=1))
+
+
+def trajectory(i: int, split: str = "train") -> dict:
+    name = ["alpha", "beta", "gamma", "delta", "eps", "zeta"][i % 6]
+    return {
+        "task_id": f"count-lines-{i:05d}", "family": "count-lines", "split": split, "reward": 1.0,
+        "instruction": f"Count the lines of data/{name}.txt and write the number to count.txt.",
+        "steps": [
+            {"command": f"wc -l data/{name}.txt", "observation": f"{i + 3} data/{name}.txt\n\n(exit_code=0)",
+             "exit_code": 0},
+            {"command": f"wc -l < data/{name}.txt > count.txt", "observation": "(no output)\n(exit_code=0)",
+             "exit_code": 0},
+        ],
+    }
+
+
+ROWS = [trajectory(i) for i in range(6)] + [trajectory(6, "val"), trajectory(7, "val")]
+
+
+def write_suite(path, rows=ROWS) -> str:
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "trajectories.jsonl"), "w") as f:
+        f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(corpus_texts(ROWS), vocab_size=512)
+
+
+@pytest.fixture(scope="module")
+def fmt(tokenizer):
+    return ChatFormat(tokenizer)
+
+
+def runs(mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s."""
+    out, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+# ---------------------------------------------------------------------------- tokenizer
+
+
+def test_tokenizer_trains_saves_and_loads_with_autotokenizer(tokenizer, tmp_path):
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(loaded) == len(tokenizer) <= 512
+    assert loaded.eos_token == "<|im_end|>" and loaded.pad_token == "<|endoftext|>"
+    assert loaded.convert_tokens_to_ids([*SPECIAL, *TOOL_TAGS]) == list(range(7))
+    for text in corpus_texts(ROWS)[:2] + ["héllo € 😀 \r\x1b[0m\ttabs  spaces\n\n"]:
+        ids = loaded.encode(text, add_special_tokens=False)
+        assert ids == tokenizer.encode(text, add_special_tokens=False)
+        assert loaded.decode(ids, skip_special_tokens=False) == text, "byte-level BPE must round-trip"
+    assert loaded.chat_template and "<|im_start|>" in loaded.chat_template
+
+
+def test_special_and_tool_tokens_are_atomic(tokenizer):
+    for i, tag in enumerate([*SPECIAL, *TOOL_TAGS]):
+        ids = tokenizer.encode(f"ab{tag}cd", add_special_tokens=False)
+        assert i in ids, f"{tag} must be one token"
+    text = "<|im_start|>assistant\n<tool_call>x</tool_call><|im_end|>"
+    # Tool tags are not special (as in Qwen3): skipping special tokens keeps them.
+    kept = tokenizer.decode(tokenizer.encode(text), skip_special_tokens=True)
+    assert kept == "assistant\n<tool_call>x</tool_call>"
+
+
+def test_tokenizer_is_deterministic(tmp_path):
+    texts = corpus_texts(ROWS)
+    for name in ("a", "b"):
+        train_tokenizer(texts, vocab_size=512).save_pretrained(tmp_path / name)
+    files = sorted(os.listdir(tmp_path / "a"))
+    assert "tokenizer.json" in files and files == sorted(os.listdir(tmp_path / "b"))
+    for f in files:
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    train_tokenizer(texts[:3], vocab_size=512).save_pretrained(tmp_path / "c")
+    other = (tmp_path / "c" / "tokenizer.json").read_bytes()
+    assert other != (tmp_path / "a" / "tokenizer.json").read_bytes()
+
+
+# ---------------------------------------------------------------------------- SFT examples
+
+
+def test_policy_examples_mask_exactly_the_action_tokens(fmt):
+    rows, dropped = warmstart.examples(fmt, ROWS[:1], "policy", max_length=1024)
+    assert dropped == 0 and len(rows) == 1
+    ids, mask = rows[0]["input_ids"], rows[0]["completion_mask"]
+    steps = ROWS[0]["steps"]
+    actions = [fmt.action_ids(chat.render_bash(s["command"])) for s in steps]
+    observations = [fmt.observation_ids(s["observation"])[0] for s in steps]
+    expected, pos = [], len(fmt.prompt_ids(ROWS[0]["instruction"]))
+    for action, obs in zip(actions, observations):
+        expected.append((pos, pos + len(action)))
+        pos += len(action) + len(obs)
+    expected.append((pos, pos + len(fmt.action_ids(chat.render_done()))))
+    assert runs(mask) == expected and pos + len(fmt.action_ids(chat.render_done())) == len(ids)
+    assert [fmt.decode(ids[a:b]) for a, b in runs(mask)] == [
+        chat.render_bash(s["command"]) + "<|im_end|>" for s in steps] + [chat.render_done() + "<|im_end|>"]
+
+
+def test_world_model_examples_target_body_plus_closing_tag(fmt):
+    rows, _ = warmstart.examples(fmt, ROWS[:1], "world_model", max_length=1024)
+    ids, mask = rows[0]["input_ids"], rows[0]["completion_mask"]
+    history = fmt.prompt_ids(ROWS[0]["instruction"])
+    spans = runs(mask)
+    assert len(spans) == len(ROWS[0]["steps"])
+    for (a, b), step in zip(spans, ROWS[0]["steps"]):
+        action = fmt.action_ids(chat.render_bash(step["command"]))
+        assert ids[:a] == fmt.wm_prompt_ids(history, action), "context must be wm_prompt_ids(history, action)"
+        assert ids[a:b] == fmt.wm_target_ids(step["observation"])
+        assert fmt.decode(ids[a:b]) == step["observation"] + "\n</tool_response>"
+        history = history + action + fmt.observation_ids(step["observation"])[0]
+    assert fmt.decode(ids).endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")  # no done()
+
+
+def test_too_long_trajectories_are_dropped_and_counted(fmt):
+    longest = max(len(r["input_ids"]) for r in warmstart.examples(fmt, ROWS, "policy", 4096)[0])
+    rows, dropped = warmstart.examples(fmt, ROWS, "policy", max_length=longest - 1)
+    assert dropped >= 1 and len(rows) + dropped == len(ROWS)
+    assert all(len(r["input_ids"]) <= longest - 1 for r in rows)
+
+
+def test_trl_turns_the_completion_mask_into_labels(fmt, tokenizer, tmp_path):
+    rows, _ = warmstart.examples(fmt, ROWS[:2], "policy", max_length=1024)
+    model = tiny.build_model(TINY_MODEL, tokenizer, 1024)
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    trainer = SFTTrainer(model=model, args=warmstart.sft_config(TINY_MODEL, str(tmp_path), 0),
+                         processing_class=tokenizer, train_dataset=Dataset.from_list(rows))
+    prepared = {tuple(r["input_ids"]): r["labels"] for r in trainer.train_dataset}
+    for row in rows:
+        expected = [t if m else -100 for t, m in zip(row["input_ids"], row["completion_mask"])]
+        assert prepared[tuple(row["input_ids"])] == expected, "loss must be on action tokens only"
+
+
+# ---------------------------------------------------------------------------- models
+
+
+def test_a_training_step_changes_every_parameter(fmt, tokenizer, tmp_path):
+    rows, _ = warmstart.examples(fmt, ROWS, "policy", max_length=1024)
+    model = tiny.build_model(TINY_MODEL, tokenizer, 1024)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    report = warmstart.train(model, tokenizer, rows[:4], rows[4:], TINY_MODEL, str(tmp_path / "t"))
+    assert report["steps"] == 2 and report["eval_loss"] > 0
+    for name, p in model.named_parameters():
+        assert not torch.equal(p, before[name]), f"{name} did not change"
+
+
+def test_planned_steps_follow_epochs_and_the_cap():
+    cfg = dataclasses.replace(TINY_MODEL, epochs=2.0, batch_size=4)
+    assert warmstart.planned_steps(cfg, 10) == 6  # 3 batches per epoch
+    assert warmstart.planned_steps(dataclasses.replace(cfg, max_steps=5), 10) == 5
+    assert warmstart.planned_steps(dataclasses.replace(cfg, epochs=0.5), 10) == 2
+
+
+def test_build_model_follows_the_config_and_the_tokenizer(tokenizer):
+    model = tiny.build_model(TINY_MODEL, tokenizer, 1024, seed=3)
+    c = model.config
+    assert (c.vocab_size, c.hidden_size, c.num_hidden_layers, c.head_dim) == (len(tokenizer), 32, 1, 16)
+    assert c.tie_word_embeddings and c.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    again = tiny.build_model(TINY_MODEL, tokenizer, 1024, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def start(self, total, label): self.calls.append(("start", label))
+    def advance(self, n=1): self.calls.append(("advance", n))
+    def log(self, message): self.calls.append(("log", message))
+    def finish(self): self.calls.append(("finish",))
+
+
+def test_ensure_kit_builds_loadable_models_once_then_uses_the_cache(tmp_path, monkeypatch):
+    suite = write_suite(tmp_path / "suite")
+    display = Recorder()
+    paths = kit.ensure_kit(suite, str(tmp_path / "cache"), TINY, display)
+    assert ("start", "policy") in display.calls and ("start", "world_model") in display.calls
+    assert any(c[0] == "advance" for c in display.calls)
+    report = paths.read_report()
+    assert report["trajectories"] == {"train": 6, "val": 2}
+    assert report["policy"]["steps"] == 3 and report["world_model"]["eval_loss"] > 0
+    assert os.listdir(tmp_path / "cache") == [os.path.basename(paths.root)], "no temporary folder left"
+
+    for path in (paths.policy, paths.world_model):
+        model = AutoModelForCausalLM.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path)
+        assert model.config.vocab_size == len(tok) and model.config.num_hidden_layers == 1
+        with open(os.path.join(path, "tokenizer.json"), "rb") as f, \
+                open(os.path.join(paths.tokenizer, "tokenizer.json"), "rb") as g:
+            assert f.read() == g.read(), "policy and world model must share one tokenizer"
+    model, tok = tiny.load_pretrained(paths.policy)
+    prompt = ChatFormat(tok).prompt_ids("Count the lines of data/alpha.txt")
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=3, do_sample=False)
+    assert out.shape[1] == len(prompt) + 3 or out[0, -1] == tok.eos_token_id
+
+    mtime = os.path.getmtime(paths.report)
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("a second ensure_kit call with the same inputs must not train again")
+
+    monkeypatch.setattr(kit, "build_kit", no_rebuild)
+    assert kit.ensure_kit(suite, str(tmp_path / "cache"), TINY) == paths
+    assert os.path.getmtime(paths.report) == mtime
+
+
+def test_the_cache_key_follows_config_and_corpus(tmp_path):
+    suite = write_suite(tmp_path / "a")
+    key = kit.kit_key(suite, TINY)
+    assert kit.kit_key(suite, TINY) == key
+    assert kit.kit_key(suite, dataclasses.replace(TINY, seed=1)) != key
+    assert kit.kit_key(write_suite(tmp_path / "b", ROWS[:-1]), TINY) != key
+    shutil.rmtree(tmp_path / "a")
+    with pytest.raises(TaskNotFound, match="prepare-tasks"):
+        kit.ensure_kit(str(tmp_path / "a"), str(tmp_path / "cache"), TINY)
+
+
+def test_kit_config_rejects_impossible_shapes():
+    with pytest.raises(ValueError, match="must divide"):
+        TinyModelConfig(num_heads=4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="vocab_size"):
+        KitConfig(vocab_size=100)
+    for f in dataclasses.fields(KitConfig) + dataclasses.fields(TinyModelConfig):
+        assert f.metadata.get("help"), f"{f.name} needs a help text"
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+
+class ScriptedEngine:
+    """Answers each turn with the next scripted action text (+ <|im_end|>)."""
+
+    def __init__(self, fmt: ChatFormat, actions: list[str]):
+        self.fmt, self.actions, self.turns = fmt, actions, {}
+
+    async def generate(self, request):
+        key = request.prompt_ids[:300]
+        turn = self.turns.get(key, 0)
+        self.turns[key] = turn + 1
+        ids = self.fmt.action_ids(self.actions[min(turn, len(self.actions) - 1)])
+        return Generation(request.request_id, tuple(ids), (0.0,) * len(ids), "stop")
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
+def test_evaluation_runs_real_episodes_and_counts_valid_calls(fmt):
+    task = builtin_task("count-lines", 0)
+    solve = [chat.render_bash(c) for c in task.solution] + [chat.render_done()]
+    good = asyncio.run(evaluate_policy(ScriptedEngine(fmt, solve), fmt, [task], SandboxConfig(timeout_s=10),
+                                       EvalSettings(workers=1)))
+    assert good["success_frac"] == 1.0 and good["parse_valid_frac"] == 1.0
+    assert good["first_command_reference_frac"] == 1.0 and good["done_called_frac"] == 1.0
+    junk = ["not a tool call", chat.render_done()]
+    bad = asyncio.run(evaluate_policy(ScriptedEngine(fmt, junk), fmt, [task], SandboxConfig(timeout_s=10)))
+    assert bad["success_frac"] == 0.0 and bad["parse_valid_frac"] == 0.5
+    assert bad["episodes"][0]["actions"] == ["error", "done"]
+
+
+class EchoWorldModel:
+    """Drafts the real body for the first step of every trajectory and a wrong one afterwards."""
+
+    def __init__(self, fmt: ChatFormat, rows: list[dict]):
+        self.fmt = fmt
+        self.first = {}
+        for r in rows:
+            action = fmt.action_ids(chat.render_bash(r["steps"][0]["command"]))
+            prompt = fmt.wm_prompt_ids(fmt.prompt_ids(r["instruction"]), action)
+            self.first[tuple(prompt)] = r["steps"][0]["observation"]
+
+    async def generate(self, request):
+        body = self.first.get(tuple(request.prompt_ids), "(no output)\n(exit_code=7)")
+        ids = self.fmt.wm_target_ids(body)
+        return Generation(request.request_id, tuple(ids), (0.0,) * len(ids), "stop")
+
+
+def test_world_model_drafts_are_compared_exactly(fmt):
+    from obsspec.models.evaluate import evaluate_world_model
+
+    rows = ROWS[:3]
+    r = asyncio.run(evaluate_world_model(EchoWorldModel(fmt, rows), fmt, rows, cap=2048))
+    assert r["steps"] == 6 and r["finished_frac"] == 1.0
+    assert r["exact_frac"] == 0.5, "first steps are drafted exactly, second steps miss by one exit code"
+    assert r["no_output_steps"] == 3
+    assert r["exact_frac_no_output"] == 0.0 and r["exact_frac_with_output"] == 1.0

@@ -6,7 +6,8 @@
 For each EMULATED tool latency median (log-normal, on top of the real sandbox time) it runs the
 same episodes (tasks x seeds) once sequentially and once speculatively per predictor, plus a
 predictor that never matches (an oracle with every draft spoiled), and reports per run:
-- measured mean latency reduction (speculative vs sequential, same episodes);
+- measured mean latency reduction (speculative vs sequential, over the episodes that came out
+  token-identical: an episode whose tool printed something else the second time did other work);
 - the bound of DESIGN.md section 7 from the measured per-turn tool time T, world-model time W,
   next-generation time G and hit rate a:  saving per turn = a * max(0, min(G, T - W));
 - measured / bound (target >= 0.8), and whether the trajectories were token-identical.
@@ -39,6 +40,7 @@ class Timings:
         self.tool: dict = {}
         self.gen: dict = {}
         self.wm: dict = {}
+        self.matched: set = set()
 
     def __call__(self, e) -> None:
         k = (e.episode, e.turn)
@@ -48,17 +50,20 @@ class Timings:
             self.start[(e.kind, k)] = e.t
         elif e.kind == "policy_done" and not e.data.get("speculative"):
             self.gen[k] = e.t - self.start.pop(("policy_start", k), e.t)
+        elif e.kind == "match":
+            self.matched.add(k)
         elif e.kind in ("wm_draft", "exec_won"):
             self.wm[k] = e.t - self.start.pop(("wm_start", k), e.t)
 
 
-def bound(seq: Timings, spec: Timings, hits: int, seq_latencies: list[float]) -> dict:
-    turns = [k for k in seq.tool if (k[0], k[1] + 1) in seq.gen]
-    a = hits / len(turns) if turns else 0.0
+def bound(seq: Timings, spec: Timings, seq_latencies: dict[int, float], keep: set[int]) -> dict:
+    """The section-7 bound over the episodes in `keep` (those that were token-identical)."""
+    turns = [k for k in seq.tool if (k[0], k[1] + 1) in seq.gen and k[0] in keep]
+    a = sum(1 for k in turns if k in spec.matched) / len(turns) if turns else 0.0
     w_mean = statistics.fmean(spec.wm.values()) if spec.wm else 0.0
     saving = sum(a * max(0.0, min(seq.gen[(e, t + 1)], seq.tool[(e, t)] - spec.wm.get((e, t), w_mean)))
                  for e, t in turns)
-    total = sum(seq_latencies)
+    total = sum(v for e, v in seq_latencies.items() if e in keep)
     return {"hit_rate_a": a, "T_mean": statistics.fmean(seq.tool[k] for k in turns) if turns else None,
             "G_mean": statistics.fmean(seq.gen[(e, t + 1)] for e, t in turns) if turns else None,
             "W_mean": w_mean, "bound_reduction": saving / total if total else None}
@@ -96,7 +101,7 @@ async def main_async(args) -> dict:
                                                "rollout.latency.kind=lognormal",
                                                f"rollout.latency.median_s={median}"])
             seq, seq_metrics, seq_t = await run_mode(recipe, episodes, policy, fmt, False, None, sampling)
-            seq_lat = [t.latency_sec for t in seq]
+            seq_lat = {t.episode: t.latency_sec for t in seq}
             for name in [*args.predictors, "never_matches"]:
                 kind = "oracle" if name == "never_matches" else name
                 r = load_recipe(args.recipe, [*args.overrides, f"rollout.predictor={kind}"])
@@ -105,12 +110,16 @@ async def main_async(args) -> dict:
                     predictor = Corrupting(predictor, every=1)
                 spec, m, spec_t = await run_mode(recipe, episodes, policy, fmt, True, predictor, sampling)
                 comp = compare(seq, spec)
-                b = bound(seq_t, spec_t, m.counts["match"], seq_lat)
+                keep = {t.episode for t in seq} - set(comp["episodes_differing"])
+                b = bound(seq_t, spec_t, seq_lat, keep)
                 row = {"latency_median_s (emulated)": median, "predictor": name, "episodes": len(episodes),
                        "measured_reduction": comp["mean_latency_reduction"], **b,
                        "measured_over_bound": (comp["mean_latency_reduction"] / b["bound_reduction"]
                                                if b["bound_reduction"] else None),
                        "token_identical": comp["token_identical"],
+                       "episodes_identical": len(keep),
+                       "differing_first_in_observation": len(comp["differing_first_in_observation"]),
+                       "differing_first_in_action": len(comp["differing_first_in_action"]),
                        "spec/exact_frac": m.summary()["spec/exact_frac"],
                        "spec/exec_won_frac": m.summary()["spec/exec_won_frac"]}
                 rows.append(row)

@@ -105,3 +105,18 @@ def test_replay_refuses_a_diverging_command():
     assert asyncio.run(tool.run("ls", 0)).body == "a\n\n(exit_code=0)"
     with pytest.raises(ReplayDiverged):
         asyncio.run(tool.run("pwd", 0))
+
+
+def test_compare_classifies_differences_and_times_identical_episodes_only():
+    from obsspec.rollout.run import compare
+    from obsspec.rollout.trajectory import Trajectory
+
+    def traj(ep, ids, mask, latency):
+        return Trajectory(ep, "t", 1, ids, mask, [0] * len(ids), [0.0] * len(ids), [], 1.0, "", latency)
+
+    seq = [traj(0, [1, 2, 3], [0, 1, 0], 10.0), traj(1, [1, 2, 3], [0, 1, 0], 10.0), traj(2, [1, 2, 3], [0, 1, 0], 10.0)]
+    spec = [traj(0, [1, 2, 3], [0, 1, 0], 8.0), traj(1, [1, 2, 9], [0, 1, 0], 1.0), traj(2, [1, 7, 3], [0, 1, 0], 1.0)]
+    c = compare(seq, spec)
+    assert not c["token_identical"] and c["differing_first_in_observation"] == [1]
+    assert c["differing_first_in_action"] == [2] and c["episodes_compared_for_latency"] == 1
+    assert c["mean_latency_reduction"] == pytest.approx(0.2)

@@ -197,16 +197,33 @@ def _merge_traces(out_dir: str, modes: list[str]) -> None:
 
 
 def compare(seq: list[Trajectory], spec: list[Trajectory]) -> dict:
-    """Token identity and latency reduction of speculative against sequential, per episode."""
-    differing = [a.episode for a, b in zip(seq, spec)
-                 if not a.tokens_equal(b) or a.reward != b.reward
-                 or any(abs(x - y) > 1e-4 for x, y in zip(a.logprobs, b.logprobs))]
-    pairs = [(a.latency_sec, b.latency_sec) for a, b in zip(seq, spec)
+    """Token identity and latency reduction of speculative against sequential, per episode.
+
+    An episode can differ for a reason speculation does not control: the tool printed something
+    else the second time (e.g. two processes of a pipeline racing on stderr). Each differing
+    episode is classified by its first differing token: inside an observation -> `tool`, inside
+    an action -> `policy` (that one would be a losslessness bug, or batch effects in the
+    engine's fast mode). Latency reduction is computed over token-identical episodes only, the
+    only ones where the two runs did the same work.
+    """
+    by_tool, by_policy, same = [], [], []
+    for a, b in zip(seq, spec):
+        if a.tokens_equal(b) and a.reward == b.reward and \
+                all(abs(x - y) <= 1e-4 for x, y in zip(a.logprobs, b.logprobs)):
+            same.append((a, b))
+            continue
+        i = next((k for k, (x, y) in enumerate(zip(a.ids, b.ids)) if x != y), min(len(a.ids), len(b.ids)))
+        in_action = i < len(a.policy_mask) and a.policy_mask[i] == 1
+        (by_policy if in_action else by_tool).append(a.episode)
+    pairs = [(a.latency_sec, b.latency_sec) for a, b in same
              if not a.infra_error and not b.infra_error and a.latency_sec > 0]
     seq_mean = statistics.fmean(p[0] for p in pairs) if pairs else None
     spec_mean = statistics.fmean(p[1] for p in pairs) if pairs else None
     return {
-        "token_identical": not differing, "episodes_differing": differing,
+        "token_identical": not by_tool and not by_policy,
+        "episodes_differing": sorted(by_tool + by_policy),
+        "differing_first_in_observation": by_tool, "differing_first_in_action": by_policy,
+        "episodes_compared_for_latency": len(pairs),
         "latency_mean_sequential_sec": seq_mean, "latency_mean_speculative_sec": spec_mean,
         "mean_latency_reduction": (1 - spec_mean / seq_mean) if pairs and seq_mean else None,
         "mean_per_episode_reduction": statistics.fmean(1 - b / a for a, b in pairs) if pairs else None,

@@ -45,6 +45,10 @@ def print_rollout_table(summary: dict) -> None:
     console.print(table)
     comp = summary.get("comparison")
     if comp:
-        console.print(f"mean latency reduction: {_cell(comp['mean_latency_reduction'], True)}; "
-                      f"token-identical: {_cell(comp['token_identical'])}"
-                      + (f" (episodes differing: {comp['episodes_differing']})" if comp["episodes_differing"] else ""))
+        console.print(f"mean latency reduction: {_cell(comp['mean_latency_reduction'], True)} "
+                      f"(over {comp['episodes_compared_for_latency']} token-identical episodes); "
+                      f"token-identical: {_cell(comp['token_identical'])}")
+        if comp["episodes_differing"]:
+            console.print(f"episodes differing first in a tool observation (the tool printed something "
+                          f"else): {comp['differing_first_in_observation']}; first in a policy action: "
+                          f"{comp['differing_first_in_action']}")

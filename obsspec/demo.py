@@ -1,13 +1,18 @@
 """`obsspec demo` (what `make demo` runs): the main job on the embedded default, end to end.
 
-Today that is: prepare a small built-in task suite in the sandbox, then play one validation
-task's reference solution turn by turn, showing each tool call and the observation exactly as
-the agent sees it, and the verifier's reward. Later commands (rollout with speculation) extend it.
+1. prepare a small built-in task suite in the sandbox (every instance validated);
+2. play one task's reference solution turn by turn, each tool call and observation exactly as the
+   agent sees it, and the verifier's reward;
+3. build (or reuse) the tiny model kit: tokenizer, warm-started policy, world-model base;
+4. roll out a few GRPO groups sequentially and with observation speculation, on the same tasks and
+   seeds, with the live display, and print the side-by-side table (tool latency includes an
+   EMULATED remote-sandbox delay, as the table says).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 
@@ -34,9 +39,20 @@ async def _demo(recipe: Recipe, out_dir: str, display: Display, emit) -> dict:
     idle = await run_scripted(task, [], recipe.sandbox)
     emit(f"verifier reward: reference solution {record.reward:g}, doing nothing {idle.reward:g}",
          "bold green")
+    rollout_recipe = dataclasses.replace(recipe, rollout=dataclasses.replace(
+        recipe.rollout, tasks_dir=tasks_dir, mode="both", split="train", num_tasks=3, group_size=2))
+    emit("rollout: sequential, then speculative (world model), same tasks and seeds", "bold")
+    from obsspec.rollout.run import _run
+    from obsspec.ui.live import make_live
+    from obsspec.ui.tables import print_rollout_table
+
+    live_kind = "rich" if getattr(display, "console", None) is not None else "plain"
+    rollout = await _run(rollout_recipe, os.path.join(out_dir, "rollout"), "both", "",
+                         make_live(live_kind), display)
+    print_rollout_table(rollout)
     summary = {"command": "demo", "tasks": prep, "sample_task": task.task_id,
                "sample_turns": len(record.steps), "sample_reward": record.reward,
-               "idle_reward": idle.reward}
+               "idle_reward": idle.reward, "rollout": rollout.get("comparison")}
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     return summary

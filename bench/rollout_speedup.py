@@ -96,6 +96,9 @@ async def main_async(args) -> dict:
     sampling = Sampling(p.max_turns, p.max_new_tokens, p.max_context, p.temperature, p.top_p, base.rollout.seed)
     rows = []
     try:
+        # Warm-up, discarded: the first pass over new shapes is slower (kernel/primitive caches),
+        # which would otherwise flatter every run after the first sequential baseline.
+        await run_mode(base, episodes, policy, fmt, False, None, sampling)
         for median in args.latencies:
             recipe = load_recipe(args.recipe, [*args.overrides, f"rollout.num_tasks={n_tasks}",
                                                "rollout.latency.kind=lognormal",

@@ -485,3 +485,35 @@ def test_duplicate_request_ids_are_rejected(model):
 def test_request_validation(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         GenerationRequest(**{"prompt_ids": [1], **kwargs})
+
+
+def test_low_priority_work_waits_for_normal_work_and_promote_lifts_it(model):
+    from obsspec.engines.base import GenerationRequest
+    from obsspec.engines.hf import HFEngine
+
+    async def go():
+        engine = HFEngine(model, batch_invariant=True)
+        try:
+            normal = asyncio.ensure_future(engine.generate(GenerationRequest(prompt(8), max_new_tokens=600, seed=1, request_id="n")))
+            low = asyncio.ensure_future(engine.generate(GenerationRequest(prompt(8, 5), max_new_tokens=40, seed=2, request_id="s", priority=1)))
+            await asyncio.sleep(0.05)
+            steps_while_busy = engine.decode_steps("s") or 0
+            assert not normal.done(), "the normal request finished too soon for this test to mean anything"
+            await normal
+            solo = await low
+            # the same request alone: scheduling never changes what is sampled
+            again = await engine.generate(GenerationRequest(prompt(8, 5), max_new_tokens=40, seed=2))
+            late = asyncio.ensure_future(engine.generate(GenerationRequest(prompt(8), max_new_tokens=200, seed=3, request_id="n2")))
+            low2 = asyncio.ensure_future(engine.generate(GenerationRequest(prompt(8, 5), max_new_tokens=20, seed=2, request_id="s2", priority=1)))
+            await asyncio.sleep(0.05)
+            assert engine.promote("s2")
+            await low2
+            promoted_done_first = not late.done()
+            await late
+            return steps_while_busy, solo.token_ids == again.token_ids, promoted_done_first
+        finally:
+            engine.close()
+
+    steps_while_busy, same, promoted_first = run(go())
+    assert steps_while_busy == 0, "a low-priority request decoded while normal work was running"
+    assert same and promoted_first

@@ -58,6 +58,11 @@ class GenerationRequest:
     stop_strings: Sequence[str] = ()  # needs an engine constructed with a tokenizer
     adapter: str | None = None  # name of a LoRA adapter version loaded with `load_adapter`
     request_id: str = ""  # empty: a fresh unique id is assigned
+    # 0 = normal. Higher = only served when no priority-0 work is running (speculative work uses
+    # 1, so that it never takes compute from committed generations; `promote` lifts it to 0).
+    # Scheduling only: it never changes what is sampled. Honoured by the hf engine's
+    # batch-invariant mode; ignored elsewhere.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         # Normalise to tuples so that requests are hashable and cannot change under the engine.
@@ -73,6 +78,8 @@ class GenerationRequest:
             set_(self, "request_id", uuid.uuid4().hex)
         if not self.prompt_ids:
             raise ValueError("prompt_ids is empty: an engine needs at least one token to continue")
+        if self.priority < 0:
+            raise ValueError(f"priority must be >= 0, got {self.priority}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:

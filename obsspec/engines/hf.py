@@ -69,6 +69,7 @@ class _Running:
         self.logprobs: list[float] = []
         self.position = 0  # position id of the next input token (the last sampled one)
         self.steps = 0
+        self.priority = request.priority  # may be lowered to 0 by `promote`
         self.generator: torch.Generator | None = None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -180,6 +181,21 @@ class HFEngine:
             self._cond.notify()
             return True
 
+    def promote(self, request_id: str) -> bool:
+        """Serve a low-priority request as normal work from now on (a speculation that matched)."""
+        with self._cond:
+            running = self._by_id.get(request_id)
+            if running is None:
+                return False
+            running.priority = 0
+            self._cond.notify()
+        return True
+
+    def _urgent(self, include_waiting: bool) -> bool:
+        """Is normal-priority work running (or waiting)? Then low-priority work waits."""
+        return (any(r.priority == 0 for b in self._batches for r in b.rows)
+                or (include_waiting and any(r.priority == 0 for r in self._waiting)))
+
     def decode_steps(self, request_id: str) -> int | None:
         """Decode steps a running or recently finished request has taken part in."""
         with self._cond:
@@ -284,10 +300,11 @@ class HFEngine:
         with self._cond:
             blocked = {c.name for c in self._commands}
         running = sum(len(b.rows) for b in self._batches)
+        urgent = self.batch_invariant and self._urgent(include_waiting=True)
         held: list[_Running] = []
         while self._waiting and running < self.max_batch_size:
             r = self._waiting.popleft()
-            if r.request.adapter in blocked:
+            if r.request.adapter in blocked or (urgent and r.priority > 0):
                 held.append(r)
                 continue
             try:
@@ -332,9 +349,14 @@ class HFEngine:
         return batch
 
     def _decode(self) -> None:
+        # only running normal work pauses low-priority rows: were waiting work to count too, a
+        # full batch of low-priority rows could never make room for it
+        urgent = self.batch_invariant and self._urgent(include_waiting=False)
         for batch in self._batches:
             if not batch.rows:  # a request failed while joining a new batch
                 continue
+            if urgent and all(r.priority > 0 for r in batch.rows):
+                continue  # low-priority work waits while normal work runs
             try:
                 self.adapters.use(batch.adapter)
                 logits = batch.forward(self.model)

@@ -119,14 +119,14 @@ class Scheduler:
     def _budget(self, context_len: int) -> int:
         return min(self.sampling.max_new_tokens, self.sampling.max_context - context_len)
 
-    def _request(self, prompt_ids, episode: int, turn: int) -> GenerationRequest:
+    def _request(self, prompt_ids, episode: int, turn: int, priority: int = 0) -> GenerationRequest:
         s = self.sampling
         # The seed depends on (episode, turn) only, so a speculative generation of turn t+1 draws
         # exactly the random numbers the sequential one would.
         return GenerationRequest(prompt_ids, max_new_tokens=self._budget(len(prompt_ids)),
                                  temperature=s.temperature, top_p=s.top_p,
                                  seed=derive_seed(s.seed, "policy", episode, turn),
-                                 stop_token_ids=self.fmt.stop_token_ids)
+                                 stop_token_ids=self.fmt.stop_token_ids, priority=priority)
 
     async def _generate(self, prompt_ids, episode: int, turn: int, speculative: bool,
                         request: GenerationRequest | None = None) -> Generation:
@@ -179,7 +179,8 @@ class Scheduler:
                 if last_turn or self._budget(len(prompt)) <= 0:
                     task = None  # nothing follows this turn: compare the draft, don't generate
                 else:
-                    req = self._request(prompt, episode, turn + 1)
+                    # Low priority: speculation only uses compute that committed work leaves idle.
+                    req = self._request(prompt, episode, turn + 1, priority=1)
                     self.bus.emit("spec_start", episode, turn + 1, request_id=req.request_id, draft=k)
                     task = asyncio.ensure_future(self._generate(prompt, episode, turn + 1, True, req))
                 specs.append(_Speculation(draft, ids[body], req.request_id if task else "", task))
@@ -199,6 +200,9 @@ class Scheduler:
         if matched is None:
             self.bus.emit("rollback", episode, turn, drafts=len(specs))
             return result, None, "rollback"
+        promote = getattr(self.policy, "promote", None)
+        if matched.task is not None and promote is not None:
+            promote(matched.request_id)  # it is committed work now
         self.bus.emit("match", episode, turn, request_id=matched.request_id,
                       pending=matched.task is not None and not matched.task.done())
         return result, (matched if matched.task is not None else None), "match"

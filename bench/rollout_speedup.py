@@ -105,6 +105,14 @@ async def main_async(args) -> dict:
                                                f"rollout.latency.median_s={median}"])
             seq, seq_metrics, seq_t = await run_mode(recipe, episodes, policy, fmt, False, None, sampling)
             seq_lat = {t.episode: t.latency_sec for t in seq}
+            # A/A: the same sequential run again. Its "reduction" is the noise and order effect
+            # every other row carries (it should be ~0; if not, read the rows relative to it).
+            again, _, _ = await run_mode(recipe, episodes, policy, fmt, False, None, sampling)
+            aa = compare(seq, again)
+            rows.append({"latency_median_s (emulated)": median, "predictor": "A/A sequential again",
+                         "episodes": len(episodes), "measured_reduction": aa["mean_latency_reduction"],
+                         "episodes_identical": aa["episodes_compared_for_latency"]})
+            print(json.dumps(rows[-1]), flush=True)
             for name in [*args.predictors, "never_matches"]:
                 kind = "oracle" if name == "never_matches" else name
                 r = load_recipe(args.recipe, [*args.overrides, f"rollout.predictor={kind}"])

@@ -19,14 +19,18 @@ import json
 from obsspec.config import load_recipe
 from obsspec.rollout.events import EventBus
 from obsspec.rollout.predictors import HistoryCache
-from obsspec.rollout.run import _tool_factory, episode_tasks, hf_engine, model_paths
+from obsspec.rollout.run import _tool_factory, compare, episode_tasks, hf_engine, model_paths
 from obsspec.rollout.scheduler import Sampling, Scheduler
 from obsspec.tokens import ChatFormat
 from obsspec.ui.display import PlainDisplay
 
 
-def differing(a, b) -> float:
-    return sum(1 for x, y in zip(a, b) if x.ids != y.ids) / len(a)
+def differing(a, b) -> dict:
+    """Fractions of episodes that differ at all, and that differ first in a policy action (the
+    engine's doing) rather than in a tool observation (the tool printed something else)."""
+    c = compare(a, b)
+    return {"any": len(c["episodes_differing"]) / len(a),
+            "first_in_action": len(c["differing_first_in_action"]) / len(a)}
 
 
 async def main_async(args) -> dict:

@@ -30,7 +30,7 @@ app = typer.Typer(
 
 RECIPE_HELP = "Recipe YAML file (default: the built-in defaults)."
 OVERRIDES_HELP = "Recipe overrides as dot.path=value (e.g. `sandbox.timeout_s=5`); `~key` resets a key."
-DEMO_INSTANCES = 66
+DEMO_INSTANCES = 220
 DISPLAY_HELP = "Progress display: auto (rich on a terminal, plain otherwise), rich, plain or none."
 
 

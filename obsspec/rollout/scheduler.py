@@ -20,7 +20,6 @@ Depth 1 (speculate one turn ahead); breadth k = the predictor's number of drafts
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from dataclasses import dataclass
 
 from obsspec import chat
@@ -101,9 +100,7 @@ class Scheduler:
                                        result.seconds, outcome))
             traj.latency_sec = self.bus.now() - t0
             traj.reward = await tool.reward()
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # an infrastructure failure: excluded from training, never scored 0
+        except Exception as e:  # infrastructure failure: excluded from training, never scored 0
             traj.infra_error = f"{type(e).__name__}: {e}"
             traj.reward = None
         finally:
@@ -258,7 +255,3 @@ class Scheduler:
                 return await self.run_episode(task, episode, make_tool(task, episode), speculative)
 
         return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
-
-
-def task_key(task: Task) -> str:
-    return hashlib.sha256(task.content_hash().encode()).hexdigest()[:16]

@@ -1,7 +1,7 @@
 """The method's invariants (DESIGN.md section 2), each checked against a real sandbox.
 
 - Lossless: speculative and sequential rollouts give identical token ids, masks, logprobs and
-  rewards — with an oracle (all hits), forced rollbacks, forced exec_won, and breadth 2.
+  rewards — with an oracle (all hits), forced rollbacks, forced exec_won, breadth 2, depth 2 and 3.
 - Seeds come from (episode, turn): the speculative request of turn t+1 equals the sequential one.
 - No speculative side effects: only committed actions reach the sandbox.
 - Accounting: every speculative request ends committed, cancelled (with a reason) or failed.
@@ -30,6 +30,7 @@ COMMANDS = ["ls", "pwd", "touch spec-{h}; ls spec-* | wc -l", "echo {h} >> log.t
             "find . -type f | sort | head -n 5", "cat nope-{h}"]
 SANDBOX = SandboxConfig(timeout_s=10, output_cap=512)
 LATENCY = EmulatedLatency("fixed", 0.02)
+SLOW_TOOL = EmulatedLatency("fixed", 0.3)  # slower than a scripted action: speculation runs ahead
 SAMPLING = Sampling(max_turns=6, max_new_tokens=400, max_context=6000, seed=11)
 
 
@@ -50,18 +51,19 @@ class Recording:
         return Counter(e.kind for e in self.events)
 
 
-def run(task_list, speculative, predictor=None, group=1, executed=None, token_delay=0.0005):
+def run(task_list, speculative, predictor=None, group=1, executed=None, token_delay=0.0005, depth=1,
+        latency=LATENCY):
     tok = ByteTokenizer()
     fmt = ChatFormat(tok)
     policy = ScriptedPolicy(tok, COMMANDS, token_delay=token_delay)
     bus = EventBus()
     rec = Recording()
     bus.subscribe(rec)
-    sched = Scheduler(policy, fmt, bus, SAMPLING, cap=SANDBOX.output_cap, predictor=predictor)
+    sched = Scheduler(policy, fmt, bus, SAMPLING, cap=SANDBOX.output_cap, predictor=predictor, depth=depth)
     episodes = [t for t in task_list for _ in range(group)]
 
     def make_tool(task, episode):
-        tool = SandboxTool(task, episode, SANDBOX, LATENCY)
+        tool = SandboxTool(task, episode, SANDBOX, latency)
         if executed is not None:
             original = tool.run
 
@@ -165,6 +167,52 @@ def test_lossless_with_breadth_two(baseline):
     assert_lossless(seq, spec)
     reasons = Counter(e.data["reason"] for e in rec.events if e.kind == "request_end")
     assert reasons["other_draft"] > 20, reasons
+    assert_accounted(rec)
+
+
+def speculated_ahead(rec) -> int:
+    """Turns k whose observation was predicted before turn k-1's tool had finished: only depth > 1
+    does that (at depth 1 the prediction of turn k starts with turn k's committed command)."""
+    done, ahead = set(), set()
+    for e in rec.events:
+        if e.kind == "exec_done":
+            done.add((e.episode, e.turn))
+        elif e.kind == "wm_start" and e.turn > 0 and (e.episode, e.turn - 1) not in done:
+            ahead.add((e.episode, e.turn))
+    return len(ahead)
+
+
+def test_lossless_at_depth_two(baseline):
+    ts, seq = baseline
+    spec, rec, _ = run(ts, speculative=True, predictor=oracle_from(ts, seq, 5), group=5, depth=2,
+                       latency=SLOW_TOOL)
+    assert_lossless(seq, spec)
+    kinds = rec.kinds()
+    assert kinds["match"] > 50 and kinds["rollback"] == 0
+    assert speculated_ahead(rec) >= 5, "depth 2 never speculated past the committed turn"
+    assert_accounted(rec)
+
+
+def test_depth_one_never_speculates_ahead(baseline):
+    ts, seq = baseline
+    _, rec, _ = run(ts[:2], speculative=True, predictor=oracle_from(ts[:2], seq[::5][:2]), latency=SLOW_TOOL)
+    assert rec.kinds()["match"] > 0 and speculated_ahead(rec) == 0
+
+
+def test_lossless_at_depth_three_with_rollbacks_and_two_drafts(baseline):
+    ts, seq = baseline
+    executed = []
+    predictor = WrongThenRight(Corrupting(oracle_from(ts, seq, 5), every=3))
+    spec, rec, _ = run(ts, speculative=True, predictor=predictor, group=5, depth=3, executed=executed,
+                       latency=SLOW_TOOL)
+    assert_lossless(seq, spec)
+    kinds = rec.kinds()
+    assert kinds["rollback"] > 10 and kinds["match"] > 10, kinds
+    assert speculated_ahead(rec) >= 5
+    reasons = Counter(e.data["reason"] for e in rec.events if e.kind == "request_end")
+    assert reasons["other_draft"] > 10 and reasons["rollback"] > 10, reasons
+    committed = [(tr.episode, t.command) for tr in spec for t in tr.turns if t.kind == "bash"]
+    assert sorted(executed) == sorted(committed), "SIDE EFFECTS: a speculative action was executed"
     assert_accounted(rec)
 
 

@@ -31,7 +31,7 @@ def test_metrics_from_a_known_event_sequence():
         ev("spec_start", 0.2, turn=1, request_id="p1"),
         ev("policy_start", 0.2, turn=1, request_id="p1", speculative=True),
         ev("exec_done", 0.5, seconds=0.4, exit_code=0),
-        ev("match", 0.5, request_id="p1", pending=True),
+        ev("match", 0.5, request_id="p1", pending=True, draft_tokens=10),
         ev("policy_done", 0.7, turn=1, request_id="p1", tokens=5, speculative=True),
         ev("request_end", 0.7, turn=1, request_id="p1", role="policy", outcome="committed", reason="", tokens=5),
         ev("wm_start", 0.8, turn=1, request_id="wm-0-1"), ev("exec_start", 0.8, turn=1),

@@ -42,7 +42,8 @@ class WorldModelConfig:
 class RolloutConfig:
     mode: str = doc("both", "sequential | speculative | both (same tasks and seeds, side by side).")
     predictor: str = doc("world_model", "world_model | history | oracle | none.")
-    depth: int = doc(1, "Turns speculated ahead (1 is supported).")
+    depth: int = doc(1, "Turns speculated ahead: a speculative action gets its own draft and "
+                        "speculative next action, up to this many turns past the committed one.")
     breadth: int = doc(1, "Drafts per turn (world model: greedy + sampled).")
     split: str = doc("val", "Which split of the prepared suite to roll out on: train or val.")
     num_tasks: int = doc(8, "Tasks taken from the split (in order).")
@@ -59,9 +60,7 @@ class RolloutConfig:
             raise ValueError("rollout.mode must be sequential, speculative or both")
         if self.predictor not in ("world_model", "history", "oracle", "none"):
             raise ValueError("rollout.predictor must be world_model, history, oracle or none")
-        if self.depth != 1:
-            raise ValueError("rollout.depth: only depth 1 is implemented so far")
-        if self.breadth < 1 or self.num_tasks < 1 or self.group_size < 1:
-            raise ValueError("rollout.breadth, num_tasks and group_size must be >= 1")
+        if self.breadth < 1 or self.depth < 1 or self.num_tasks < 1 or self.group_size < 1:
+            raise ValueError("rollout.depth, breadth, num_tasks and group_size must be >= 1")
         if self.split not in ("train", "val"):
             raise ValueError("rollout.split must be train or val")

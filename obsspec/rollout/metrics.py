@@ -45,7 +45,6 @@ class SpecMetrics:
         self._exec_done: dict[tuple[int, int], float] = {}
         self._spec_started: dict[str, tuple[float, int, int]] = {}
         self._spec_done: dict[str, float] = {}
-        self._draft_tokens: dict[tuple[int, int], int] = {}
         self.running: dict[int, dict] = {}    # episode -> {turn, phase} for live displays
 
     def __call__(self, e: Event) -> None:
@@ -69,9 +68,8 @@ class SpecMetrics:
             self._spec_done[d["request_id"]] = e.t
         elif e.kind == "wm_draft":
             self.wm_tokens_total += d["tokens"]
-            self._draft_tokens[(e.episode, e.turn)] = d["tokens"]
         elif e.kind == "match":
-            self.wm_tokens_matched += self._draft_tokens.get((e.episode, e.turn), 0)
+            self.wm_tokens_matched += d.get("draft_tokens", 0)
         elif e.kind == "request_end":
             self.outcomes[(d["role"], d["outcome"])] += 1
             if d["role"] == "policy" and d["outcome"] == "cancelled":

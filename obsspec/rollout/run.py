@@ -114,7 +114,8 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
             trace = JsonlTrace(os.path.join(out_dir, f"trace-{m}.jsonl"), m)
             bus.subscribe(metrics)
             bus.subscribe(trace)
-            sched = Scheduler(policy, fmt, bus, sampling, cap=recipe.sandbox.output_cap, predictor=predictor)
+            sched = Scheduler(policy, fmt, bus, sampling, cap=recipe.sandbox.output_cap, predictor=predictor,
+                              depth=recipe.rollout.depth)
             live.start(metrics, len(episodes), f"{m} rollout")
             try:
                 results[m] = await sched.run_batch(

@@ -14,12 +14,17 @@ tool finishes, the real observation's body token ids are compared with each draf
 Speculative actions are never executed: only committed actions reach the tool. Every speculative
 request ends in a `request_end` event: committed, cancelled (with a reason) or failed.
 
-Depth 1 (speculate one turn ahead); breadth k = the predictor's number of drafts.
+Breadth k = the predictor's number of drafts. Depth d: a speculative action that is a `bash`
+call is itself given a draft observation and a speculative next action, up to d turns ahead of
+the committed history; a match at turn t carries the speculation made for turn t+1 forward, and
+it is verified against turn t+1's real observation in the same way. A rollback drops everything
+built on the rejected draft.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass
 
 from obsspec import chat
@@ -43,17 +48,25 @@ class Sampling:
 
 @dataclass
 class _Speculation:
+    """One draft observation for turn `turn - 1` and the speculative action of `turn` on it."""
+
     draft: Draft
-    body_ids: list[int]
-    request_id: str
-    task: asyncio.Task
+    body_ids: list[int]                 # the draft's observation body, encoded as a real one
+    episode: int
+    turn: int                           # the turn of the speculative action
+    request_id: str = ""                # "" when no action is generated (last turn, no budget)
+    task: asyncio.Task | None = None    # -> Generation
+    deeper: asyncio.Task | None = None  # -> list[_Speculation] for the next turn (depth > 1)
 
 
 class Scheduler:
     def __init__(self, policy, fmt, bus: EventBus, sampling: Sampling, cap: int,
-                 predictor: Predictor | None = None):
+                 predictor: Predictor | None = None, depth: int = 1):
+        if depth < 1:
+            raise ValueError("speculation depth must be >= 1")
         self.policy, self.fmt, self.bus, self.sampling = policy, fmt, bus, sampling
-        self.cap, self.predictor = cap, predictor
+        self.cap, self.predictor, self.depth = cap, predictor, depth
+        self._wm_ids = itertools.count()
 
     # -- one episode ------------------------------------------------------------------------------
     async def run_episode(self, task: Task, episode: int, tool: Tool, speculative: bool) -> Trajectory:
@@ -62,13 +75,14 @@ class Scheduler:
         task_key = task.content_hash()
         commands: list[str] = []
         pending: _Speculation | None = None  # the committed speculative generation for this turn
+        carried: asyncio.Task | None = None  # speculation already made for this turn (depth > 1)
         self.bus.emit("episode_start", episode, 0, task_id=task.task_id, speculative=speculative)
         try:
             await tool.start()
             t0 = self.bus.now()
             for turn in range(s.max_turns):
                 if pending is not None:
-                    gen, pending = await self._collect(pending, episode, turn), None
+                    gen, carried, pending = await self._collect(pending), pending.deeper, None
                 else:
                     if self._budget(len(traj.ids)) <= 0:
                         break  # context full: the episode ends here in both modes
@@ -76,6 +90,9 @@ class Scheduler:
                 traj.append_action(gen.token_ids, gen.logprobs)
                 text = fmt.decode(gen.token_ids)
                 action = chat.parse_action(text)
+                if action.kind != "bash" and carried is not None:
+                    await self._drop(carried, "not_a_command")  # (it found no command either)
+                    carried = None
                 if action.kind == "done":
                     traj.turns.append(Turn(text, "done"))
                     break
@@ -87,9 +104,10 @@ class Scheduler:
                 commands.append(action.command)
                 request = PredictRequest(task_key, task.task_id, episode, turn, tuple(commands),
                                          tuple(traj.ids) + tuple(fmt.obs_prefix_ids))
-                last_turn = turn + 1 >= s.max_turns
                 if speculative and self.predictor is not None:
-                    result, pending, outcome = await self._speculate(traj, request, tool, action, last_turn)
+                    branch = carried or asyncio.ensure_future(self._branch(list(traj.ids), request, self.depth))
+                    carried = None
+                    result, pending, outcome = await self._speculate(branch, tool, action, episode, turn)
                 else:
                     result, outcome = await self._execute(tool, action, episode, turn), ""
                 if self.predictor is not None:
@@ -105,7 +123,9 @@ class Scheduler:
             traj.reward = None
         finally:
             if pending is not None:
-                await self._cancel(pending, episode, len(traj.turns), "episode_end")
+                await self._cancel(pending, "episode_end")
+            if carried is not None:
+                await self._drop(carried, "episode_end")
             await tool.close()
             self.bus.emit("episode_end", episode, len(traj.turns), reward=traj.reward,
                           turns=len(traj.turns), latency_sec=traj.latency_sec,
@@ -140,52 +160,28 @@ class Scheduler:
         self.bus.emit("exec_done", episode, turn, seconds=result.seconds, exit_code=result.exit_code)
         return result
 
-    async def _speculate(self, traj: Trajectory, request: PredictRequest, tool: Tool,
-                         action: chat.Action, last_turn: bool):
-        episode, turn = request.episode, request.turn
+    async def _speculate(self, branch: asyncio.Task, tool: Tool, action: chat.Action, episode: int, turn: int):
+        """Run the command while `branch` (-> drafts with speculative next actions) works; then
+        keep the speculation whose draft equals the real observation, if any."""
         exec_task = asyncio.ensure_future(self._execute(tool, action, episode, turn))
-        wm_id = f"wm-{episode}-{turn}"
-        self.bus.emit("wm_start", episode, turn, request_id=wm_id)
-        wm_task = asyncio.ensure_future(self.predictor.predict(request))
         try:
-            await asyncio.wait({exec_task, wm_task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({exec_task, branch}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             exec_task.cancel()
-            wm_task.cancel()
+            asyncio.ensure_future(self._drop(branch, "cancelled"))
             raise
         specs: list[_Speculation] = []
-        drafts: list[Draft] = []
-        if exec_task.done() or not wm_task.done():
-            wm_task.cancel()
-            await asyncio.gather(wm_task, return_exceptions=True)
-            self.bus.emit("exec_won", episode, turn, request_id=wm_id)
-            self._end(wm_id, "wm", "cancelled", episode, turn, reason="exec_won")
+        if not branch.done():
+            await self._drop(branch, "exec_won")
             outcome = "exec_won"
-        elif wm_task.exception() is not None:
-            self._end(wm_id, "wm", "failed", episode, turn, reason=repr(wm_task.exception()))
-            outcome = "no_draft"
         else:
-            drafts = self._distinct(wm_task.result())
-            self.bus.emit("wm_draft", episode, turn, request_id=wm_id, drafts=len(drafts),
-                          tokens=sum(d.tokens for d in drafts))
-            self._end(wm_id, "wm", "committed", episode, turn, tokens=sum(d.tokens for d in drafts))
-            outcome = "no_draft" if not drafts else "pending"
-            for k, draft in enumerate(drafts):
-                ids, body = self.fmt.observation_ids(draft.body)
-                prompt = traj.ids + ids
-                if last_turn or self._budget(len(prompt)) <= 0:
-                    task = None  # nothing follows this turn: compare the draft, don't generate
-                else:
-                    # Low priority: speculation only uses compute that committed work leaves idle.
-                    req = self._request(prompt, episode, turn + 1, priority=1)
-                    self.bus.emit("spec_start", episode, turn + 1, request_id=req.request_id, draft=k)
-                    task = asyncio.ensure_future(self._generate(prompt, episode, turn + 1, True, req))
-                specs.append(_Speculation(draft, ids[body], req.request_id if task else "", task))
+            specs = branch.result()  # _branch never raises: a failed prediction is no draft
+            outcome = "pending" if specs else "no_draft"
         try:
             result = await exec_task
         except BaseException:
             for spec in specs:
-                await self._cancel(spec, episode, turn + 1, "tool_failed")
+                await self._cancel(spec, "tool_failed")
             raise
         if outcome != "pending":
             return result, None, outcome
@@ -193,23 +189,84 @@ class Scheduler:
         matched = next((sp for sp in specs if sp.body_ids == real_ids[real_body]), None)
         for spec in specs:
             if spec is not matched:
-                await self._cancel(spec, episode, turn + 1, "rollback" if matched is None else "other_draft")
+                await self._cancel(spec, "rollback" if matched is None else "other_draft")
         if matched is None:
             self.bus.emit("rollback", episode, turn, drafts=len(specs))
             return result, None, "rollback"
         promote = getattr(self.policy, "promote", None)
         if matched.task is not None and promote is not None:
             promote(matched.request_id)  # it is committed work now
-        self.bus.emit("match", episode, turn, request_id=matched.request_id,
+        self.bus.emit("match", episode, turn, request_id=matched.request_id, draft_tokens=matched.draft.tokens,
                       pending=matched.task is not None and not matched.task.done())
         return result, (matched if matched.task is not None else None), "match"
 
-    async def _collect(self, spec: _Speculation, episode: int, turn: int) -> Generation:
+    async def _branch(self, prefix_ids: list[int], request: PredictRequest, depth: int) -> list[_Speculation]:
+        """Ask the predictor for turn `request.turn`'s observation; on each distinct draft start the
+        speculative action of the next turn (and, with depth left, speculate beyond it)."""
+        episode, turn, s = request.episode, request.turn, self.sampling
+        wm_id = f"wm-{episode}-{turn}-{next(self._wm_ids)}"
+        self.bus.emit("wm_start", episode, turn, request_id=wm_id)
+        try:
+            drafts = self._distinct(await self.predictor.predict(request))
+        except asyncio.CancelledError as e:
+            reason = e.args[0] if e.args else "cancelled"
+            if reason == "exec_won":
+                self.bus.emit("exec_won", episode, turn, request_id=wm_id)
+            self._end(wm_id, "wm", "cancelled", episode, turn, reason=reason)
+            raise
+        except Exception as e:
+            self._end(wm_id, "wm", "failed", episode, turn, reason=repr(e))
+            return []
+        tokens = sum(d.tokens for d in drafts)
+        self.bus.emit("wm_draft", episode, turn, request_id=wm_id, drafts=len(drafts), tokens=tokens)
+        self._end(wm_id, "wm", "committed", episode, turn, tokens=tokens)
+        specs = []
+        for k, draft in enumerate(drafts):
+            ids, body = self.fmt.observation_ids(draft.body)
+            spec = _Speculation(draft, ids[body], episode, turn + 1)
+            prompt = list(prefix_ids) + ids
+            if turn + 1 < s.max_turns and self._budget(len(prompt)) > 0:
+                # Low priority: speculation only uses compute that committed work leaves idle.
+                req = self._request(prompt, episode, turn + 1, priority=1)
+                self.bus.emit("spec_start", episode, turn + 1, request_id=req.request_id, draft=k)
+                spec.request_id = req.request_id
+                spec.task = asyncio.ensure_future(self._generate(prompt, episode, turn + 1, True, req))
+                if depth > 1:
+                    spec.deeper = asyncio.ensure_future(self._deeper(prompt, spec.task, request, depth - 1))
+            specs.append(spec)  # with no task, the draft is still compared (nothing follows it)
+        return specs
+
+    async def _deeper(self, prompt: list[int], gen_task: asyncio.Task, request: PredictRequest,
+                      depth: int) -> list[_Speculation]:
+        """Once a speculative action exists, speculate on its observation in turn (depth > 1)."""
+        await asyncio.wait({gen_task})  # waits without cancelling the generation if we are cancelled
+        if gen_task.cancelled() or gen_task.exception() is not None:
+            return []
+        gen = gen_task.result()
+        action = chat.parse_action(self.fmt.decode(gen.token_ids))
+        if action.kind != "bash":
+            return []
+        ids = prompt + list(gen.token_ids)
+        nxt = PredictRequest(request.task_key, request.task_id, request.episode, request.turn + 1,
+                             request.commands + (action.command,), tuple(ids) + tuple(self.fmt.obs_prefix_ids))
+        return await self._branch(ids, nxt, depth)
+
+    async def _collect(self, spec: _Speculation) -> Generation:
         gen = await spec.task
-        self._end(spec.request_id, "policy", "committed", episode, turn, tokens=len(gen.token_ids))
+        self._end(spec.request_id, "policy", "committed", spec.episode, spec.turn, tokens=len(gen.token_ids))
         return gen
 
-    async def _cancel(self, spec: _Speculation, episode: int, turn: int, reason: str) -> None:
+    async def _drop(self, branch: asyncio.Task, reason: str) -> None:
+        """Cancel a branch and everything speculated on it."""
+        if not branch.done():
+            branch.cancel(reason)
+        (specs,) = await asyncio.gather(branch, return_exceptions=True)
+        for spec in specs if isinstance(specs, list) else ():
+            await self._cancel(spec, reason)
+
+    async def _cancel(self, spec: _Speculation, reason: str) -> None:
+        if spec.deeper is not None:
+            await self._drop(spec.deeper, reason)
         if spec.task is None:
             return
         tokens = 0
@@ -223,9 +280,9 @@ class Scheduler:
         except asyncio.CancelledError:
             pass
         except Exception as e:
-            self._end(spec.request_id, "policy", "failed", episode, turn, reason=repr(e))
+            self._end(spec.request_id, "policy", "failed", spec.episode, spec.turn, reason=repr(e))
             return
-        self._end(spec.request_id, "policy", "cancelled", episode, turn, reason=reason, tokens=tokens)
+        self._end(spec.request_id, "policy", "cancelled", spec.episode, spec.turn, reason=reason, tokens=tokens)
 
     def _end(self, request_id: str, role: str, outcome: str, episode: int, turn: int,
              reason: str = "", tokens: int = 0) -> None:

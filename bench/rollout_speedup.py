@@ -1,17 +1,24 @@
-"""Rollout speed-up: sequential vs speculative, side by side in one run, against the bound.
+"""Rollout speed-up: sequential vs speculative, interleaved in one run, against the bound.
 
     .venv/bin/python bench/rollout_speedup.py [--recipe recipes/tiny-cpu.yaml] [--episodes 32]
-        [--latencies 0.3,1,3] [--predictors world_model,history,oracle] [--plot out.png] [key=value ...]
+        [--latencies 0.3,1,3] [--predictors world_model,history,oracle] [--reps 3]
+        [--plot out.png] [--out result.json] [key=value ...]
 
-For each EMULATED tool latency median (log-normal, on top of the real sandbox time) it runs the
-same episodes (tasks x seeds) once sequentially and once speculatively per predictor, plus a
-predictor that never matches (an oracle with every draft spoiled), and reports per run:
-- measured mean latency reduction (speculative vs sequential, over the episodes that came out
-  token-identical: an episode whose tool printed something else the second time did other work);
+For each EMULATED tool latency median (log-normal, on top of the real sandbox time) and each
+repetition it runs the same episodes (tasks x seeds) as: sequential, every predictor's
+speculative run, sequential again (ABA; odd repetitions run the predictors in reverse order, so a
+slow drift of the machine cancels out). The predictors are the requested ones plus
+`never_matches` (an oracle with every draft spoiled: the pure cost of speculating). Per run:
+- measured latency reduction: 1 - sum(speculative latency) / sum(sequential latency), the
+  sequential latency of an episode being the mean of the two sequential runs around it, over
+  the episodes that came out token-identical in all three (an episode whose tool printed
+  something else another time did other work);
+- A/A: the second sequential run against the first, the noise every row carries;
 - the bound of DESIGN.md section 7 from the measured per-turn tool time T, world-model time W,
-  next-generation time G and hit rate a:  saving per turn = a * max(0, min(G, T - W));
-- measured / bound (target >= 0.8), and whether the trajectories were token-identical.
-Prints JSON; `--plot` draws measured vs bound per latency and predictor.
+  next-generation time G and hit rate a:  saving per turn = a * max(0, min(G, T - W)).
+Per (latency, predictor) it reports the mean over repetitions with a 95 % interval, the bound,
+and measured / bound (target >= 0.8; never_matches: cost <= 2 %). Prints JSON lines as it goes and
+the whole result at the end; `--plot` draws measured vs bound.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
+import time
 from collections import defaultdict
 
 from obsspec.config import load_recipe
@@ -30,6 +39,9 @@ from obsspec.rollout.run import _predictor, _tool_factory, compare, episode_task
 from obsspec.rollout.scheduler import Sampling, Scheduler
 from obsspec.tokens import ChatFormat
 from obsspec.ui.display import PlainDisplay
+
+# Two-sided 95 % Student t quantiles by degrees of freedom (n - 1).
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
 class Timings:
@@ -46,100 +58,150 @@ class Timings:
         k = (e.episode, e.turn)
         if e.kind == "exec_done":
             self.tool[k] = e.data["seconds"]
-        elif e.kind in ("policy_start", "wm_start") and not e.data.get("speculative"):
-            self.start[(e.kind, k)] = e.t
+        elif e.kind == "wm_start":
+            self.start[e.data["request_id"]] = e.t
+        elif e.kind == "policy_start" and not e.data.get("speculative"):
+            self.start[("policy", k)] = e.t
         elif e.kind == "policy_done" and not e.data.get("speculative"):
-            self.gen[k] = e.t - self.start.pop(("policy_start", k), e.t)
+            self.gen[k] = e.t - self.start.pop(("policy", k), e.t)
         elif e.kind == "match":
             self.matched.add(k)
         elif e.kind in ("wm_draft", "exec_won"):
-            self.wm[k] = e.t - self.start.pop(("wm_start", k), e.t)
+            self.wm[k] = e.t - self.start.pop(e.data["request_id"], e.t)
 
 
-def bound(seq: Timings, spec: Timings, seq_latencies: dict[int, float], keep: set[int]) -> dict:
-    """The section-7 bound over the episodes in `keep` (those that were token-identical)."""
+def bound(seq: Timings, spec: Timings, seq_latency: dict[int, float], keep: set[int]) -> dict:
+    """The section-7 bound over the episodes in `keep`, from one sequential run's T and G."""
     turns = [k for k in seq.tool if (k[0], k[1] + 1) in seq.gen and k[0] in keep]
     a = sum(1 for k in turns if k in spec.matched) / len(turns) if turns else 0.0
     w_mean = statistics.fmean(spec.wm.values()) if spec.wm else 0.0
     saving = sum(a * max(0.0, min(seq.gen[(e, t + 1)], seq.tool[(e, t)] - spec.wm.get((e, t), w_mean)))
                  for e, t in turns)
-    total = sum(v for e, v in seq_latencies.items() if e in keep)
-    return {"hit_rate_a": a, "T_mean": statistics.fmean(seq.tool[k] for k in turns) if turns else None,
-            "G_mean": statistics.fmean(seq.gen[(e, t + 1)] for e, t in turns) if turns else None,
-            "W_mean": w_mean, "bound_reduction": saving / total if total else None}
+    total = sum(v for e, v in seq_latency.items() if e in keep)
+    return {"a": a, "T": statistics.fmean(seq.tool[k] for k in turns) if turns else 0.0,
+            "G": statistics.fmean(seq.gen[(e, t + 1)] for e, t in turns) if turns else 0.0,
+            "W": w_mean, "bound": saving / total if total else 0.0}
 
 
-async def run_mode(recipe, episodes, policy, fmt, speculative, predictor, sampling):
-    bus = EventBus()
-    metrics, timings = SpecMetrics(), Timings()
-    bus.subscribe(metrics)
-    bus.subscribe(timings)
-    sched = Scheduler(policy, fmt, bus, sampling, cap=recipe.sandbox.output_cap, predictor=predictor)
-    trajs = await sched.run_batch(episodes, _tool_factory(recipe, None), speculative,
-                                  concurrency=recipe.rollout.concurrency)
-    return trajs, metrics, timings
+def mean_ci(xs: list[float]) -> dict:
+    m = statistics.fmean(xs)
+    half = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
+    return {"mean": m, "ci95": half, "runs": [round(x, 4) for x in xs]}
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+
+    def recipe(self, *extra):
+        return load_recipe(self.args.recipe, [*self.args.overrides, f"rollout.num_tasks={self.n_tasks}", *extra])
+
+    async def setup(self) -> None:
+        base = load_recipe(self.args.recipe, self.args.overrides)
+        self.n_tasks = max(1, self.args.episodes // base.rollout.group_size)
+        base = self.recipe()
+        display = PlainDisplay()
+        self.episodes = await episode_tasks(base, display)
+        policy_path, wm_path = model_paths(base, display)
+        self.policy, tokenizer = hf_engine(policy_path, base.policy.batch_invariant, base.policy.device)
+        self.fmt = ChatFormat(tokenizer)
+        self.wm_engine = None
+        if "world_model" in self.args.predictors:
+            self.wm_engine, _ = hf_engine(wm_path, base.world_model.batch_invariant, base.world_model.device)
+        p = base.policy
+        self.sampling = Sampling(p.max_turns, p.max_new_tokens, p.max_context, p.temperature, p.top_p,
+                                 base.rollout.seed)
+        self.base = base
+
+    def close(self) -> None:
+        self.policy.close()
+        if self.wm_engine is not None:
+            self.wm_engine.close()
+
+    async def run(self, recipe, predictor=None):
+        bus, metrics, timings = EventBus(), SpecMetrics(), Timings()
+        bus.subscribe(metrics)
+        bus.subscribe(timings)
+        sched = Scheduler(self.policy, self.fmt, bus, self.sampling, cap=recipe.sandbox.output_cap,
+                          predictor=predictor, depth=recipe.rollout.depth)
+        trajs = await sched.run_batch(self.episodes, _tool_factory(recipe, None), predictor is not None,
+                                      concurrency=recipe.rollout.concurrency)
+        return trajs, metrics, timings
+
+    def predictor(self, name: str, recorded):
+        kind = "oracle" if name == "never_matches" else name
+        r = self.recipe(f"rollout.predictor={kind}")
+        p = _predictor(r, self.fmt, self.wm_engine, recorded, None, self.episodes)
+        return Corrupting(p, every=1) if name == "never_matches" else p
+
+    async def repetition(self, median: float, rep: int, names: list[str], recorded) -> list[dict]:
+        recipe = self.recipe("rollout.latency.kind=lognormal", f"rollout.latency.median_s={median}")
+        seq_a = await self.run(recipe)
+        specs = {}
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            specs[name] = await self.run(recipe, self.predictor(name, recorded or seq_a[0]))
+        seq_b = await self.run(recipe)
+        aa = compare(seq_a[0], seq_b[0])
+        rows = [{"latency_median_s": median, "rep": rep, "predictor": "A/A",
+                 "reduction": aa["mean_latency_reduction"] or 0.0,
+                 "identical": aa["episodes_compared_for_latency"]}]
+        for name, (trajs, m, timings) in specs.items():
+            ca, cb = compare(seq_a[0], trajs), compare(seq_b[0], trajs)
+            differing = set(ca["episodes_differing"]) | set(cb["episodes_differing"]) | set(aa["episodes_differing"])
+            keep = {t.episode for t in trajs if not t.infra_error} - differing
+            base = sum((a.latency_sec + b.latency_sec) / 2 for a, b in zip(seq_a[0], seq_b[0]) if a.episode in keep)
+            spec = sum(t.latency_sec for t in trajs if t.episode in keep)
+            bounds = [bound(s[2], timings, {t.episode: t.latency_sec for t in s[0]}, keep) for s in (seq_a, seq_b)]
+            summary = m.summary()
+            rows.append({"latency_median_s": median, "rep": rep, "predictor": name,
+                         "reduction": 1 - spec / base if base else 0.0,
+                         **{k: statistics.fmean(b[k] for b in bounds) for k in ("bound", "a", "T", "G", "W")},
+                         "identical": len(keep),
+                         "differing_first_in_action": sorted(set(ca["differing_first_in_action"])
+                                                             | set(cb["differing_first_in_action"])),
+                         "exact_frac": summary["spec/exact_frac"], "exec_won_frac": summary["spec/exec_won_frac"],
+                         "policy_tokens_discarded": summary["spec/policy_tokens_discarded"]})
+        return rows
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["latency_median_s"], r["predictor"])].append(r)
+    out = []
+    for (median, name), rs in groups.items():
+        red = mean_ci([r["reduction"] for r in rs])
+        row = {"latency_median_s (emulated)": median, "predictor": name, "reps": len(rs),
+               "measured_reduction": red, "episodes_identical_min": min(r["identical"] for r in rs)}
+        if name != "A/A":
+            b = statistics.fmean(r["bound"] for r in rs)
+            row.update({"bound_reduction": b, "measured_over_bound": red["mean"] / b if b > 1e-3 else None,
+                        **{k: statistics.fmean(r[k] for r in rs) for k in ("a", "T", "G", "W")},
+                        "exec_won_frac": statistics.fmean(r["exec_won_frac"] or 0.0 for r in rs),
+                        "differing_first_in_action": sum(len(r["differing_first_in_action"]) for r in rs)})
+        out.append(row)
+    return out
 
 
 async def main_async(args) -> dict:
-    base = load_recipe(args.recipe, args.overrides)
-    display = PlainDisplay()
-    n_tasks = max(1, args.episodes // base.rollout.group_size)
-    base = load_recipe(args.recipe, [*args.overrides, f"rollout.num_tasks={n_tasks}"])
-    episodes = await episode_tasks(base, display)
-    policy_path, wm_path = model_paths(base, display)
-    policy, tokenizer = hf_engine(policy_path, base.policy.batch_invariant, base.policy.device)
-    fmt = ChatFormat(tokenizer)
-    wm_engine = None
-    if "world_model" in args.predictors:
-        wm_engine, _ = hf_engine(wm_path, base.world_model.batch_invariant, base.world_model.device)
-    p = base.policy
-    sampling = Sampling(p.max_turns, p.max_new_tokens, p.max_context, p.temperature, p.top_p, base.rollout.seed)
-    rows = []
+    bench = Bench(args)
+    await bench.setup()
+    names = [*args.predictors, "never_matches"]
+    rows, t0 = [], time.monotonic()
     try:
-        # Warm-up, discarded: the first pass over new shapes is slower (kernel/primitive caches),
-        # which would otherwise flatter every run after the first sequential baseline.
-        await run_mode(base, episodes, policy, fmt, False, None, sampling)
+        # Warm-up, discarded: the first pass over new shapes is slower (allocator, kernel caches).
+        await bench.run(bench.recipe())
         for median in args.latencies:
-            recipe = load_recipe(args.recipe, [*args.overrides, f"rollout.num_tasks={n_tasks}",
-                                               "rollout.latency.kind=lognormal",
-                                               f"rollout.latency.median_s={median}"])
-            seq, seq_metrics, seq_t = await run_mode(recipe, episodes, policy, fmt, False, None, sampling)
-            seq_lat = {t.episode: t.latency_sec for t in seq}
-            # A/A: the same sequential run again. Its "reduction" is the noise and order effect
-            # every other row carries (it should be ~0; if not, read the rows relative to it).
-            again, _, _ = await run_mode(recipe, episodes, policy, fmt, False, None, sampling)
-            aa = compare(seq, again)
-            rows.append({"latency_median_s (emulated)": median, "predictor": "A/A sequential again",
-                         "episodes": len(episodes), "measured_reduction": aa["mean_latency_reduction"],
-                         "episodes_identical": aa["episodes_compared_for_latency"]})
-            print(json.dumps(rows[-1]), flush=True)
-            for name in [*args.predictors, "never_matches"]:
-                kind = "oracle" if name == "never_matches" else name
-                r = load_recipe(args.recipe, [*args.overrides, f"rollout.predictor={kind}"])
-                predictor = _predictor(r, fmt, wm_engine, seq, None, episodes)
-                if name == "never_matches":
-                    predictor = Corrupting(predictor, every=1)
-                spec, m, spec_t = await run_mode(recipe, episodes, policy, fmt, True, predictor, sampling)
-                comp = compare(seq, spec)
-                keep = {t.episode for t in seq} - set(comp["episodes_differing"])
-                b = bound(seq_t, spec_t, seq_lat, keep)
-                row = {"latency_median_s (emulated)": median, "predictor": name, "episodes": len(episodes),
-                       "measured_reduction": comp["mean_latency_reduction"], **b,
-                       "measured_over_bound": (comp["mean_latency_reduction"] / b["bound_reduction"]
-                                               if b["bound_reduction"] else None),
-                       "token_identical": comp["token_identical"],
-                       "episodes_identical": len(keep),
-                       "differing_first_in_observation": len(comp["differing_first_in_observation"]),
-                       "differing_first_in_action": len(comp["differing_first_in_action"]),
-                       "spec/exact_frac": m.summary()["spec/exact_frac"],
-                       "spec/exec_won_frac": m.summary()["spec/exec_won_frac"]}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+            for rep in range(args.reps):
+                for row in await bench.repetition(median, rep, names, None):
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     finally:
-        policy.close()
-        if wm_engine is not None:
-            wm_engine.close()
-    return {"rows": rows, "recipe": args.recipe, "overrides": args.overrides}
+        bench.close()
+    return {"summary": aggregate(rows), "rows": rows, "episodes": len(bench.episodes),
+            "concurrency": bench.base.rollout.concurrency or len(bench.episodes),
+            "batch_invariant": bench.base.policy.batch_invariant, "wall_sec": time.monotonic() - t0,
+            "recipe": args.recipe, "overrides": args.overrides}
 
 
 def plot(result: dict, path: str) -> None:
@@ -149,17 +211,22 @@ def plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     by_pred = defaultdict(list)
-    for r in result["rows"]:
+    for r in result["summary"]:
         by_pred[r["predictor"]].append(r)
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, rows in by_pred.items():
+        rows.sort(key=lambda r: r["latency_median_s (emulated)"])
         xs = [r["latency_median_s (emulated)"] for r in rows]
-        line = ax.plot(xs, [100 * (r["measured_reduction"] or 0) for r in rows], marker="o", label=f"{name} measured")
-        ax.plot(xs, [100 * (r["bound_reduction"] or 0) for r in rows], ls="--", color=line[0].get_color(),
-                label=f"{name} bound")
+        ys = [100 * r["measured_reduction"]["mean"] for r in rows]
+        err = [100 * (r["measured_reduction"]["ci95"] or 0) for r in rows]
+        line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{name} measured")
+        if name != "A/A":
+            ax.plot(xs, [100 * r["bound_reduction"] for r in rows], ls="--",
+                    color=line[0].get_color(), label=f"{name} bound")
+    ax.axhline(0, color="grey", lw=0.5)
     ax.set_xscale("log")
     ax.set_xlabel("emulated tool latency median (s)")
-    ax.set_ylabel("mean latency reduction (%)")
+    ax.set_ylabel("mean latency reduction (%), 95% interval")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
@@ -171,13 +238,18 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--latencies", default="0.3,1,3")
     ap.add_argument("--predictors", default="world_model,history,oracle")
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--plot", default="")
+    ap.add_argument("--out", default="", help="also write the result JSON here")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     args.latencies = [float(x) for x in args.latencies.split(",")]
     args.predictors = [p for p in args.predictors.split(",") if p]
     result = asyncio.run(main_async(args))
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result["summary"], indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
     if args.plot:
         plot(result, args.plot)
 

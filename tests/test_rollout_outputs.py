@@ -38,7 +38,7 @@ def test_metrics_from_a_known_event_sequence():
         ev("exec_done", 0.9, turn=1, seconds=0.1, exit_code=0),
         ev("exec_won", 0.9, turn=1, request_id="wm-0-1"),
         ev("wm_start", 1.0, turn=2, request_id="wm-0-2"),
-        ev("wm_draft", 1.1, turn=2, request_id="wm-0-2", drafts=1, tokens=7),
+        ev("wm_draft", 1.1, turn=2, request_id="wm-0-2", drafts=1, tokens=7, unusable=1),
         ev("spec_start", 1.1, turn=3, request_id="p3"),
         ev("rollback", 1.3, turn=2, drafts=1),
         ev("request_end", 1.3, turn=3, request_id="p3", role="policy", outcome="cancelled", reason="rollback", tokens=3),
@@ -51,8 +51,52 @@ def test_metrics_from_a_known_event_sequence():
     assert s["spec/exec_won_frac"] == pytest.approx(1 / 3)
     assert s["spec/policy_tokens_discarded"] == 3
     assert s["spec/wm_tokens_total"] == 17 and s["spec/wm_tokens_matched"] == 10
+    assert s["spec/wm_drafts_unusable"] == 1
     assert s["spec/overlap_sec"] == pytest.approx(0.3) and s["spec/block_sec"] == pytest.approx(0.2)
     assert s["latency_p50_sec"] == 2.0 and s["reward_mean"] == 1.0
+
+
+class CannedEngine:
+    """An engine that answers the k-th request of a prediction with texts[k]."""
+
+    def __init__(self, tok, texts):
+        self.tok, self.texts, self.requests = tok, texts, []
+
+    async def generate(self, request):
+        from obsspec.engines.base import Generation
+
+        self.requests.append(request)
+        ids = self.tok.encode(self.texts[(len(self.requests) - 1) % len(self.texts)])
+        return Generation(request.request_id, ids, [0.0] * len(ids), "stop")
+
+
+def test_world_model_drafts_that_never_close_are_returned_unusable_and_counted():
+    from obsspec.rollout.predictors import PredictRequest, WorldModelPredictor
+
+    tok = ByteTokenizer()
+    fmt = ChatFormat(tok)
+    engine = CannedEngine(tok, ["hi\n(exit_code=0)\n</tool_response>", "</tool_response>", "unfinished"])
+    wm = WorldModelPredictor(engine, fmt, cap=512, max_tokens=64, breadth=3)
+    request = PredictRequest("k", "t", 0, 0, ("ls",), (1, 2, 3))
+    drafts = asyncio.run(wm.predict(request))
+    assert [d.body for d in drafts] == ["hi\n(exit_code=0)", None, None]
+    assert [r.temperature for r in engine.requests] == [0.0, 0.7, 0.7]
+    assert len({r.seed for r in engine.requests}) == 3
+    sched = Scheduler(ScriptedPolicy(tok, COMMANDS), fmt, EventBus(), SAMPLING, cap=512, predictor=wm)
+    metrics = SpecMetrics()
+    sched.bus.subscribe(metrics)
+
+    async def branch():
+        specs = await sched._branch([1, 2, 3], request, depth=1)
+        for spec in specs:
+            await sched._cancel(spec, "test")
+        return specs
+
+    specs = asyncio.run(branch())
+    assert len(specs) == 1 and specs[0].draft.body == "hi\n(exit_code=0)"
+    s = metrics.summary()
+    assert s["spec/wm_drafts_unusable"] == 2
+    assert s["spec/wm_tokens_total"] == sum(len(tok.encode(t)) for t in engine.texts)
 
 
 def test_percentile():

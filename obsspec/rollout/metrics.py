@@ -10,6 +10,7 @@
                                 after the tool finished (the turn waited on it)
 - spec/policy_tokens_discarded  tokens of cancelled speculative policy generations
 - spec/wm_tokens_total, spec/wm_tokens_matched
+- spec/wm_drafts_unusable       world-model generations that never closed the observation
 plus per-trajectory latency (p50/p95, mean) and request accounting.
 """
 
@@ -40,6 +41,7 @@ class SpecMetrics:
         self.policy_tokens_discarded = 0
         self.wm_tokens_total = 0
         self.wm_tokens_matched = 0
+        self.wm_drafts_unusable = 0
         self.overlap_sec = 0.0
         self.block_sec = 0.0
         self._exec_done: dict[tuple[int, int], float] = {}
@@ -68,6 +70,7 @@ class SpecMetrics:
             self._spec_done[d["request_id"]] = e.t
         elif e.kind == "wm_draft":
             self.wm_tokens_total += d["tokens"]
+            self.wm_drafts_unusable += d.get("unusable", 0)
         elif e.kind == "match":
             self.wm_tokens_matched += d.get("draft_tokens", 0)
         elif e.kind == "request_end":
@@ -110,6 +113,7 @@ class SpecMetrics:
             "spec/policy_tokens_discarded": self.policy_tokens_discarded,
             "spec/wm_tokens_total": self.wm_tokens_total,
             "spec/wm_tokens_matched": self.wm_tokens_matched,
+            "spec/wm_drafts_unusable": self.wm_drafts_unusable,
             "spec/requests": {f"{role}/{outcome}": n for (role, outcome), n in sorted(self.outcomes.items())},
         }
 

@@ -38,8 +38,8 @@ class PredictRequest:
 
 @dataclass(frozen=True)
 class Draft:
-    body: str
-    tokens: int = 0  # world-model tokens it took (0 for instant predictors)
+    body: str | None  # None: the generation never closed the observation (unusable, counted)
+    tokens: int = 0   # world-model tokens it took (0 for instant predictors)
 
 
 class Predictor(Protocol):
@@ -111,12 +111,9 @@ class WorldModelPredictor:
                 adapter=self.adapter))
         # Cancelling this coroutine cancels the gather, and with it every engine request.
         generations = await asyncio.gather(*(self.engine.generate(r) for r in requests))
-        drafts = []
-        for g in generations:
-            body = chat.split_draft(self.fmt.decode(g.token_ids))
-            if body is not None:  # an unfinished draft (hit max_tokens) cannot match anything
-                drafts.append(Draft(body, len(g.token_ids)))
-        return drafts
+        # A generation that never closed the observation (hit max_tokens, or stopped on a bare
+        # closing tag) cannot match anything: it comes back with body None, to be counted.
+        return [Draft(chat.split_draft(self.fmt.decode(g.token_ids)), len(g.token_ids)) for g in generations]
 
     def learn(self, request: PredictRequest, body: str) -> None:
         pass  # co-training happens between policy updates, not here
@@ -132,7 +129,7 @@ class Corrupting:
     async def predict(self, request: PredictRequest) -> list[Draft]:
         drafts = await self.inner.predict(request)
         if (request.turn + request.episode) % self.every == 0:
-            drafts = [Draft(d.body.replace("(exit_code=", " (exit_code=", 1), d.tokens) for d in drafts]
+            drafts = [Draft(d.body and d.body.replace("(exit_code=", " (exit_code=", 1), d.tokens) for d in drafts]
         return drafts
 
     def learn(self, request: PredictRequest, body: str) -> None:

@@ -207,7 +207,7 @@ class Scheduler:
         wm_id = f"wm-{episode}-{turn}-{next(self._wm_ids)}"
         self.bus.emit("wm_start", episode, turn, request_id=wm_id)
         try:
-            drafts = self._distinct(await self.predictor.predict(request))
+            raw = await self.predictor.predict(request)
         except asyncio.CancelledError as e:
             reason = e.args[0] if e.args else "cancelled"
             if reason == "exec_won":
@@ -217,8 +217,10 @@ class Scheduler:
         except Exception as e:
             self._end(wm_id, "wm", "failed", episode, turn, reason=repr(e))
             return []
-        tokens = sum(d.tokens for d in drafts)
-        self.bus.emit("wm_draft", episode, turn, request_id=wm_id, drafts=len(drafts), tokens=tokens)
+        drafts = self._distinct(raw)
+        tokens = sum(d.tokens for d in raw)
+        self.bus.emit("wm_draft", episode, turn, request_id=wm_id, drafts=len(drafts), tokens=tokens,
+                      unusable=sum(1 for d in raw if d.body is None))
         self._end(wm_id, "wm", "committed", episode, turn, tokens=tokens)
         specs = []
         for k, draft in enumerate(drafts):
@@ -290,9 +292,11 @@ class Scheduler:
                       outcome=outcome, reason=reason, tokens=tokens)
 
     def _distinct(self, drafts: list[Draft]) -> list[Draft]:
-        """Normalise drafts as real observations are, and drop duplicates (by body token ids)."""
+        """Normalise drafts as real observations are; drop unusable ones and duplicates (by body ids)."""
         seen, out = set(), []
         for d in drafts:
+            if d.body is None:
+                continue
             body = chat.normalize_draft(d.body, cap=self.cap)
             key = tuple(self.fmt.encode(body))
             if key not in seen:

@@ -22,6 +22,7 @@ ROWS = [  # (label, key, as percentage)
     ("hit rate (spec/exact_frac)", "spec/exact_frac", True),
     ("exec_won", "spec/exec_won_frac", True),
     ("rollbacks", "spec/rollback_frac", True),
+    ("drafts unusable (never closed)", "spec/wm_drafts_unusable", False),
     ("overlap (s)", "spec/overlap_sec", False),
     ("blocked on speculation (s)", "spec/block_sec", False),
     ("policy tokens wasted", "spec/policy_tokens_discarded", False),

@@ -6,7 +6,9 @@
 3. build (or reuse) the tiny model kit: tokenizer, warm-started policy, world-model base;
 4. roll out a few GRPO groups sequentially and with observation speculation, on the same tasks and
    seeds, with the live display, and print the side-by-side table (tool latency includes an
-   EMULATED remote-sandbox delay, as the table says).
+   EMULATED remote-sandbox delay, as the table says);
+5. replay those episodes (recorded observations and latencies, no tools) with the oracle
+   predictor: the upper bound a perfect world model would reach on them.
 """
 
 from __future__ import annotations
@@ -50,9 +52,17 @@ async def _demo(recipe: Recipe, out_dir: str, display: Display, emit) -> dict:
     rollout = await _run(rollout_recipe, os.path.join(out_dir, "rollout"), "both", "",
                          make_live(live_kind), display)
     print_rollout_table(rollout)
+    emit("\nreplay: the same episodes again, tools answered from the recording (recorded latencies), "
+         "with the oracle predictor — the hit rate and saving a perfect world model would reach", "bold")
+    oracle_recipe = dataclasses.replace(rollout_recipe, rollout=dataclasses.replace(
+        rollout_recipe.rollout, predictor="oracle"))
+    bound = await _run(oracle_recipe, os.path.join(out_dir, "rollout-oracle"), "both",
+                       os.path.join(out_dir, "rollout"), make_live(live_kind), display)
+    print_rollout_table(bound)
     summary = {"command": "demo", "tasks": prep, "sample_task": task.task_id,
                "sample_turns": len(record.steps), "sample_reward": record.reward,
-               "idle_reward": idle.reward, "rollout": rollout.get("comparison")}
+               "idle_reward": idle.reward, "rollout": rollout.get("comparison"),
+               "oracle_replay": bound.get("comparison")}
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     return summary

@@ -35,8 +35,12 @@ def print_rollout_table(summary: dict) -> None:
     from rich.table import Table
 
     modes = summary["modes"]
-    table = Table(title="rollout" + (" (tool latency includes EMULATED remote latency)"
-                                     if summary["tool_latency"]["emulated"] else ""))
+    title = "rollout" + (" (tool latency includes EMULATED remote latency)"
+                         if summary["tool_latency"]["emulated"] else "")
+    if summary.get("replay_of"):
+        title = f"replay of {summary['replay_of']} (recorded observations and tool latencies)"
+    predictor = modes.get("speculative", {}).get("predictor")
+    table = Table(title=title + (f", predictor: {predictor}" if predictor else ""))
     table.add_column("")
     for m in modes:
         table.add_column(m, justify="right")

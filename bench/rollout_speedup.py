@@ -83,6 +83,11 @@ def bound(seq: Timings, spec: Timings, seq_latency: dict[int, float], keep: set[
             "W": w_mean, "bound": saving / total if total else 0.0}
 
 
+def first_turn_gen(t: Timings, keep: set[int]) -> float:
+    xs = [g for (e, turn), g in t.gen.items() if turn == 0 and e in keep]
+    return statistics.fmean(xs) if xs else 0.0
+
+
 def mean_ci(xs: list[float]) -> dict:
     m = statistics.fmean(xs)
     half = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
@@ -159,6 +164,9 @@ class Bench:
                          "identical": len(keep),
                          "differing_first_in_action": sorted(set(ca["differing_first_in_action"])
                                                              | set(cb["differing_first_in_action"])),
+                         # Turn 0 is never speculated: its generation time in each run shows how
+                         # much the engine's load changed (hidden work also relieves it).
+                         "G0_seq": first_turn_gen(seq_a[2], keep), "G0_spec": first_turn_gen(timings, keep),
                          "exact_frac": summary["spec/exact_frac"], "exec_won_frac": summary["spec/exec_won_frac"],
                          "policy_tokens_discarded": summary["spec/policy_tokens_discarded"]})
         return rows
@@ -176,7 +184,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
         if name != "A/A":
             b = statistics.fmean(r["bound"] for r in rs)
             row.update({"bound_reduction": b, "measured_over_bound": red["mean"] / b if b > 1e-3 else None,
-                        **{k: statistics.fmean(r[k] for r in rs) for k in ("a", "T", "G", "W")},
+                        **{k: statistics.fmean(r.get(k, 0.0) for r in rs) for k in ("a", "T", "G", "W", "G0_seq", "G0_spec")},
                         "exec_won_frac": statistics.fmean(r["exec_won_frac"] or 0.0 for r in rs),
                         "differing_first_in_action": sum(len(r["differing_first_in_action"]) for r in rs)})
         out.append(row)
@@ -202,6 +210,23 @@ async def main_async(args) -> dict:
             "concurrency": bench.base.rollout.concurrency or len(bench.episodes),
             "batch_invariant": bench.base.policy.batch_invariant, "wall_sec": time.monotonic() - t0,
             "recipe": args.recipe, "overrides": args.overrides}
+
+
+def markdown(result: dict) -> str:
+    """The summary as the table docs/BENCHMARKS.md shows."""
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f} %"
+    lines = ["| latency median (emulated) | predictor | measured reduction (95 % interval) | bound | "
+             "measured / bound | a | T (s) | G (s) | W (s) | exec_won |", "|" + "---|" * 10]
+    for r in result["summary"]:
+        m = r["measured_reduction"]
+        ci = f" ± {100 * m['ci95']:.1f}" if m["ci95"] is not None else ""
+        ratio = r.get("measured_over_bound")
+        lines.append(f"| {r['latency_median_s (emulated)']:g} s | {r['predictor']} | {100 * m['mean']:.1f}{ci} % | "
+                     + (" | ".join([pct(r["bound_reduction"]), "-" if ratio is None else f"{ratio:.2f}",
+                                    f"{r['a']:.2f}", f"{r['T']:.2f}", f"{r['G']:.2f}", f"{r['W']:.3f}",
+                                    pct(r["exec_won_frac"])]) if "bound_reduction" in r else "| | | | | |")
+                     + " |")
+    return "\n".join(lines)
 
 
 def plot(result: dict, path: str) -> None:
@@ -241,13 +266,19 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--plot", default="")
     ap.add_argument("--out", default="", help="also write the result JSON here")
+    ap.add_argument("--from-json", default="", help="only re-print (and --plot) a saved --out result")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     args.latencies = [float(x) for x in args.latencies.split(",")]
     args.predictors = [p for p in args.predictors.split(",") if p]
-    result = asyncio.run(main_async(args))
+    if args.from_json:
+        with open(args.from_json) as f:
+            result = json.load(f)
+    else:
+        result = asyncio.run(main_async(args))
     print(json.dumps(result["summary"], indent=2))
-    if args.out:
+    print(markdown(result))
+    if args.out and not args.from_json:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     if args.plot:

@@ -147,9 +147,11 @@ class Bench:
             specs[name] = await self.run(recipe, self.predictor(name, recorded or seq_a[0]))
         seq_b = await self.run(recipe)
         aa = compare(seq_a[0], seq_b[0])
+        all_eps = {t.episode for t in seq_a[0]}
         rows = [{"latency_median_s": median, "rep": rep, "predictor": "A/A",
                  "reduction": aa["mean_latency_reduction"] or 0.0,
-                 "identical": aa["episodes_compared_for_latency"]}]
+                 "identical": aa["episodes_compared_for_latency"],
+                 "G0_seq": first_turn_gen(seq_a[2], all_eps), "G0_spec": first_turn_gen(seq_b[2], all_eps)}]
         for name, (trajs, m, timings) in specs.items():
             ca, cb = compare(seq_a[0], trajs), compare(seq_b[0], trajs)
             differing = set(ca["episodes_differing"]) | set(cb["episodes_differing"]) | set(aa["episodes_differing"])

@@ -60,7 +60,8 @@ class RolloutConfig:
             raise ValueError("rollout.mode must be sequential, speculative or both")
         if self.predictor not in ("world_model", "history", "oracle", "none"):
             raise ValueError("rollout.predictor must be world_model, history, oracle or none")
-        if self.breadth < 1 or self.depth < 1 or self.num_tasks < 1 or self.group_size < 1:
-            raise ValueError("rollout.depth, breadth, num_tasks and group_size must be >= 1")
+        for name in ("depth", "breadth", "num_tasks", "group_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1 (got {getattr(self, name)})")
         if self.split not in ("train", "val"):
             raise ValueError("rollout.split must be train or val")

@@ -223,8 +223,7 @@ class Scheduler:
                       unusable=sum(1 for d in raw if d.body is None))
         self._end(wm_id, "wm", "committed", episode, turn, tokens=tokens)
         specs = []
-        for k, draft in enumerate(drafts):
-            ids, body = self.fmt.observation_ids(draft.body)
+        for k, (draft, ids, body) in enumerate(drafts):
             spec = _Speculation(draft, ids[body], episode, turn + 1)
             prompt = list(prefix_ids) + ids
             if turn + 1 < s.max_turns and self._budget(len(prompt)) > 0:
@@ -291,17 +290,18 @@ class Scheduler:
         self.bus.emit("request_end", episode, turn, request_id=request_id, role=role,
                       outcome=outcome, reason=reason, tokens=tokens)
 
-    def _distinct(self, drafts: list[Draft]) -> list[Draft]:
-        """Normalise drafts as real observations are; drop unusable ones and duplicates (by body ids)."""
+    def _distinct(self, drafts: list[Draft]) -> list[tuple[Draft, list[int], slice]]:
+        """Normalise and encode drafts exactly as real observations are (-> draft, observation ids,
+        where the body sits); drop unusable ones and duplicates (by body ids)."""
         seen, out = set(), []
         for d in drafts:
             if d.body is None:
                 continue
             body = chat.normalize_draft(d.body, cap=self.cap)
-            key = tuple(self.fmt.encode(body))
-            if key not in seen:
-                seen.add(key)
-                out.append(Draft(body, d.tokens))
+            ids, span = self.fmt.observation_ids(body)
+            if tuple(ids[span]) not in seen:
+                seen.add(tuple(ids[span]))
+                out.append((Draft(body, d.tokens), ids, span))
         return out
 
     # -- a batch ------------------------------------------------------------------------------------

@@ -1,0 +1,41 @@
+"""Named starting points for `obsspec simulate --preset NAME`: override lists on `SimConfig`.
+
+The GPU presets are ASSUMPTIONS taken from public vLLM figures (decode on one H100-class GPU,
+bf16 unless said), not measurements of ours; docs/REPORT.md says where they come from. The
+batch follows the published recipe per GPU: 16 tasks x 16 rollouts = 256 episodes per step,
+spread over 8 GPUs -> 32 episodes on each policy engine; 16 turns of ~200 tokens each.
+"""
+
+from __future__ import annotations
+
+from obsspec.sim.config import SimConfig, SimError, apply_overrides
+
+_BATCH = ["workload.episodes=32", "workload.concurrency=0", "workload.turns=16",
+          "workload.action_tokens=200", "workload.action_spread=0.5"]
+# Qwen3-0.6B world model on its own GPU share: ~300 tok/s per stream, ~120-token observations.
+_WM = ["world_model.overhead_s=0.05", "world_model.tok_s=300", "world_model.obs_tokens=120"]
+
+PRESETS: dict[str, tuple[str, list[str]]] = {
+    "h100-8b": ("8B policy (Qwen3-8B class) on one H100, vLLM, bf16: ~130 tok/s single stream, "
+                "~5,000 tok/s aggregate; speculative requests share the batch (FCFS)",
+                ["engine.single_tok_s=130", "engine.peak_tok_s=5000", "engine.max_batch=256",
+                 "engine.spec_priority=equal", *_BATCH, *_WM]),
+    "h100-32b": ("32B policy (Qwen3-32B class) on one H100-class GPU (FP8 weights, or bf16 on an "
+                 "H200): ~45 tok/s single stream, ~1,500 tok/s aggregate",
+                 ["engine.single_tok_s=45", "engine.peak_tok_s=1500", "engine.max_batch=128",
+                  "engine.spec_priority=equal", *_BATCH, *_WM]),
+    "cpu-tiny": ("the tiny kit on 2 CPU cores as bench/rollout_speedup.py runs it: hf engine in "
+                 "batch-invariant mode (processor sharing, ~200 tok/s), low-priority speculation, "
+                 "32 episodes, 4 at once, 4 bash turns of ~30 tokens, 1 s emulated tools",
+                 ["engine.single_tok_s=200", "engine.peak_tok_s=200", "engine.max_batch=32",
+                  "engine.spec_priority=low", "workload.episodes=32", "workload.concurrency=4",
+                  "workload.turns=4", "workload.done_frac=0", "workload.action_tokens=30",
+                  "workload.action_spread=0.3", "tool.median_s=1", "tool.overhead_s=0.05",
+                  "world_model.overhead_s=0.001", "world_model.obs_tokens=0", "spec.hit_rate=1"]),
+}
+
+
+def preset(name: str, base: SimConfig | None = None) -> SimConfig:
+    if name not in PRESETS:
+        raise SimError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+    return apply_overrides(base or SimConfig(), PRESETS[name][1])

@@ -1,0 +1,147 @@
+"""`obsspec simulate`: where observation speculation helps, is neutral, or hurts.
+
+    result = simulate(SimConfig(), grid={"tool.median_s": [1, 3, 10], "spec.hit_rate": [0.4, 0.8]},
+                      from_run="runs/rollout", out_dir="runs/simulate")
+
+Each grid point simulates the same batch twice, sequential and speculative (same workload: same
+tool latencies, action lengths and draft outcomes), on one shared engine, and reports the
+latency reduction `1 - sum(speculative latency) / sum(sequential latency)` (as the rollout
+benchmark measures it), the section-7 bound from the simulated sequential run, hits, rollbacks,
+exec_won and wasted tokens. A point is `helps` above +threshold, `hurts` below -threshold,
+`neutral` between. Writes simulate.json, simulate.png and summary.json under `out_dir`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+
+from obsspec.sim.config import SimConfig, SimError, apply_overrides, to_dict
+from obsspec.sim.episodes import BatchResult, SimTurn, simulate_batch
+from obsspec.sim.workload import RecordedRun, synthetic
+
+
+def bound(workload: list[list[SimTurn]], seq: BatchResult) -> float:
+    """DESIGN.md section 7 from the simulated sequential run: per bash turn followed by an
+    action, hit * max(0, min(G_next, T - W)), over the total sequential latency."""
+    saving = 0.0
+    for turns, ep in zip(workload, seq.episodes):
+        for k, t in enumerate(turns[:-1]):
+            if t.kind == "bash" and t.hit:
+                saving += max(0.0, min(ep.gen_sec.get(k + 1, 0.0), t.tool_s - t.wm_s))
+    return saving / seq.total_latency if seq.total_latency else 0.0
+
+
+def run_point(cfg: SimConfig, workload: list[list[SimTurn]]) -> dict:
+    seq = simulate_batch(cfg, workload, speculative=False)
+    spec = simulate_batch(cfg, workload, speculative=True)
+    c = spec.counts()
+    in_time = c.get("match", 0) + c.get("rollback", 0)
+    predicted = in_time + c.get("exec_won", 0)
+    return {
+        "reduction": 1 - spec.total_latency / seq.total_latency if seq.total_latency else 0.0,
+        "bound": bound(workload, seq),
+        "latency_mean_sequential_s": seq.total_latency / len(workload),
+        "latency_mean_speculative_s": spec.total_latency / len(workload),
+        "G_sequential_s": seq.next_gen_mean(), "G_speculative_s": spec.next_gen_mean(),
+        "exact_frac": c.get("match", 0) / in_time if in_time else None,
+        "exec_won_frac": c.get("exec_won", 0) / predicted if predicted else None,
+        "rollbacks": c.get("rollback", 0), "matches": c.get("match", 0),
+        "policy_tokens_wasted": round(spec.wasted_tokens, 1),
+        "wasted_frac_of_compute": spec.wasted_tokens / (spec.committed_tokens + spec.spec_tokens)
+        if spec.committed_tokens else 0.0,
+        "engine_busy_frac_sequential": seq.engine_busy_sec / seq.makespan if seq.makespan else 0.0,
+        "blocked_s": sum(e.blocked_sec for e in spec.episodes),
+    }
+
+
+def regime(reduction: float, threshold: float) -> str:
+    return "helps" if reduction > threshold else "hurts" if reduction < -threshold else "neutral"
+
+
+def _sections(keys) -> set[str]:
+    """Which recorded inputs a set of override keys replaces."""
+    out = set()
+    for k in keys:
+        if k.startswith("tool."):
+            out.add("tool")
+        elif k.startswith("world_model."):
+            out.add("world_model")
+        elif k in ("spec.hit_rate", "spec.class_hit_rates", "spec.class_mix"):
+            out.add("hits")
+    return out
+
+
+def simulate(cfg: SimConfig, grid: dict[str, list] | None = None, from_run: str = "",
+             out_dir: str = "", overrides: list[str] = (), threshold: float = 0.02,
+             plot: bool = True) -> dict:
+    """Simulate every point of `grid` (dot-path -> values) on `cfg` (or on a recorded run)."""
+    grid = dict(grid or {})
+    recorded = RecordedRun.load(from_run) if from_run else None
+    base = apply_overrides(recorded.config(cfg) if recorded else cfg, list(overrides))
+    rows = []
+    for values in itertools.product(*grid.values()) if grid else [()]:
+        point = dict(zip(grid, values))
+        items = [f"{k}={v}" for k, v in point.items()]
+        if "spec.hit_rate" in point and "spec.class_hit_rates" not in point:
+            items.insert(0, "spec.class_hit_rates=")  # one overall rate, as asked
+        pcfg = apply_overrides(base, items)
+        if recorded:
+            workload = recorded.workload(pcfg, _sections([*grid, *(o.split("=")[0] for o in overrides)]))
+        else:
+            workload = synthetic(pcfg)
+        r = run_point(pcfg, workload)
+        rows.append({**point, **r, "regime": regime(r["reduction"], threshold)})
+    result = {"command": "simulate", "grid": grid, "from_run": from_run or None, "threshold": threshold,
+              "base": to_dict(base), "rows": rows}
+    if recorded:
+        result["measured_reduction"] = recorded.measured_reduction()
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "simulate.json"), "w") as f:
+            json.dump(result, f, indent=2)
+        if plot and grid:
+            from obsspec.sim.plot import plot_grid
+
+            plot_grid(result, os.path.join(out_dir, "simulate.png"))
+        with open(os.path.join(out_dir, "summary.json"), "w") as f:
+            json.dump({"command": "simulate", "points": len(rows), "out_dir": out_dir,
+                       "regimes": {g: sum(r["regime"] == g for r in rows) for g in ("helps", "neutral", "hurts")}},
+                      f, indent=2)
+    return result
+
+
+def parse_grid(items: list[str]) -> dict[str, list]:
+    """['tool.median_s=1,3,10', ...] -> {'tool.median_s': [1, 3, 10]} (values checked later)."""
+    import yaml
+
+    grid = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        values = [v.strip() for v in raw.split(",") if v.strip()]
+        if not sep or not values:
+            raise SimError(f"--grid {item!r}: write key=v1,v2,... (e.g. tool.median_s=1,3,10)")
+        grid[key.strip()] = [yaml.safe_load(v) for v in values]
+    for key, values in grid.items():  # fail before simulating anything
+        apply_overrides(SimConfig(), [f"{key}={values[0]}"])
+    return grid
+
+
+def table(result: dict) -> str:
+    """The rows as a markdown table."""
+    keys = list(result["grid"])
+    head = keys + ["reduction", "bound", "hit rate", "exec_won", "wasted tok", "regime"]
+    pct = lambda v: "-" if v is None else f"{100 * v:.1f} %"
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in result["rows"]:
+        lines.append("| " + " | ".join([*(f"{r[k]:g}" if isinstance(r[k], (int, float)) else str(r[k]) for k in keys),
+                                        pct(r["reduction"]), pct(r["bound"]), pct(r["exact_frac"]),
+                                        pct(r["exec_won_frac"]), f"{r['policy_tokens_wasted']:.0f}", r["regime"]]) + " |")
+    return "\n".join(lines)
+
+
+def replace(cfg: SimConfig, **sections) -> SimConfig:
+    """`replace(cfg, engine={"peak_tok_s": 9000})`: a copy with some fields of some sections changed."""
+    return dataclasses.replace(cfg, **{k: dataclasses.replace(getattr(cfg, k), **v) for k, v in sections.items()})

@@ -7,15 +7,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test test-all bench clean
 
-# The venv is rebuilt when pyproject.toml changes. bubblewrap (the sandbox) and faketime (the
-# pinned clock inside it) are Debian packages; they are installed when missing.
+# The venv is rebuilt when pyproject.toml changes. bubblewrap (the sandbox), faketime (the
+# pinned clock inside it) and chromium (the report's headless-browser test) are Debian
+# packages; they are installed when missing.
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@command -v bwrap >/dev/null && [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 -o -n "$$(ls /usr/lib/*/faketime/libfaketime.so.1 2>/dev/null)" ] || { \
-	  echo "installing Debian packages: bubblewrap faketime"; \
+	@command -v bwrap >/dev/null && command -v chromium >/dev/null && [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 -o -n "$$(ls /usr/lib/*/faketime/libfaketime.so.1 2>/dev/null)" ] || { \
+	  echo "installing Debian packages: bubblewrap faketime chromium"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap faketime >/dev/null; }
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap faketime chromium >/dev/null; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip >/dev/null
 	$(BIN)/pip install -q -e '.[dev]'

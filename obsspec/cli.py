@@ -4,6 +4,8 @@
     obsspec shell find-by-name-00003 -c 'ls -la'
     obsspec validate recipes/tiny-cpu.yaml
     obsspec demo
+    obsspec report runs/rollout
+    obsspec simulate --preset h100-8b --grid tool.median_s=1,3,10
 
 Errors a user can cause (recipe, task id, task folder, missing bubblewrap) print one line and
 exit with code 2; anything else is our bug and keeps its traceback.
@@ -42,11 +44,14 @@ def user_errors(fn):
         from obsspec.env.harbor import HarborImportError
         from obsspec.env.sandbox import SandboxUnavailable
         from obsspec.env.suite import TaskNotFound
+        from obsspec.report.load import ReportError
         from obsspec.rollout.run import RolloutError
+        from obsspec.sim.config import SimError
 
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, TaskNotFound, HarborImportError, SandboxUnavailable, RolloutError) as e:
+        except (ConfigError, TaskNotFound, HarborImportError, SandboxUnavailable, RolloutError,
+                ReportError, SimError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)
 
@@ -240,6 +245,82 @@ def demo_cmd(
     typer.echo(f"recipe: {recipe or 'defaults'}", err=True)
     out_dir = out or os.path.join(rec.run_dir, "demo")
     run_demo(rec, out_dir, _display(display))
+
+
+@app.command("report")
+@user_errors
+def report_cmd(
+    run_dir: str = typer.Argument(..., help="A rollout run directory (trace-*.jsonl) or a training run (metrics.jsonl)."),
+    out: str = typer.Option("", "--out", help="Output directory (default: RUN_DIR/report)."),
+    episodes: int = typer.Option(4, "--episodes", help="Episodes drawn in the timeline."),
+):
+    """Write an offline HTML report of what speculation did to a run, with PNG plots and a Chrome trace.
+
+    Plots: hit rate (per training step, or over the rollout; overall and per command class),
+    latency breakdown per trajectory (generation, tool, world model, overlap, blocked), a
+    timeline of a few episodes (speculation kept and cancelled), wasted tokens, and speculative
+    against sequential latency. trace.json opens in ui.perfetto.dev.
+
+    **Examples**
+
+        obsspec report runs/rollout
+
+        obsspec report runs/rollout --out /tmp/report --episodes 6
+    """
+    from obsspec.report.report import write_report
+
+    if episodes < 1:
+        raise ConfigError("--episodes must be >= 1")
+    _print_summary(write_report(run_dir, out, episodes))
+
+
+@app.command("simulate")
+@user_errors
+def simulate_cmd(
+    overrides: List[str] = typer.Argument(None, help="Simulator parameters as dot.path=value "
+                                                     "(`obsspec simulate --explain` lists them)."),
+    grid: List[str] = typer.Option(None, "--grid", help="A swept parameter, key=v1,v2,... (repeatable)."),
+    preset: str = typer.Option("", "--preset", help="Start from h100-8b, h100-32b or cpu-tiny (docs/REPORT.md)."),
+    from_run: str = typer.Option("", "--from", help="A rollout run (--mode both): its measured latencies, "
+                                                    "token counts, hit rates and engine speed."),
+    out: str = typer.Option("", "--out", help="Output directory (default: RUN_DIR/simulate)."),
+    threshold: float = typer.Option(0.02, "--threshold", help="|reduction| below this is 'neutral'."),
+    explain_keys: bool = typer.Option(False, "--explain", help="List every simulator key with its default."),
+):
+    """Simulate a batch of episodes with and without speculation over a grid of regimes.
+
+    A discrete-event model: tool latencies, world-model latency, generation on one shared engine
+    of limited throughput (speculative requests compete with committed ones; cancelled work is
+    wasted), hit rate (overall or per command class), depth, breadth and concurrency. Prints the
+    latency reduction per grid point (helps / neutral / hurts) and plots it. Without --grid and
+    --from it sweeps tool latency x hit rate.
+
+    **Examples**
+
+        obsspec simulate --preset h100-8b --grid tool.median_s=1,3,10 --grid spec.hit_rate=0.4,0.6,0.8
+
+        obsspec simulate --preset h100-32b spec.depth=2 --grid tool.median_s=1,2,5
+
+        obsspec simulate --from runs/rollout --grid spec.hit_rate=0,0.5,1
+    """
+    from obsspec.sim.config import SimConfig, explain
+    from obsspec.sim.presets import preset as load_preset
+    from obsspec.sim.simulate import parse_grid, simulate, table
+
+    if explain_keys:
+        for key, default, text in explain():
+            typer.echo(f"{key:30} {default:12} {text}")
+        return
+    cfg = load_preset(preset) if preset else SimConfig()
+    axes = parse_grid(grid or [])
+    if not axes and not from_run:
+        axes = parse_grid(["tool.median_s=1,3,10", "spec.hit_rate=0.2,0.4,0.6,0.8"])
+    out_dir = out or os.path.join("runs", "simulate")
+    result = simulate(cfg, axes, from_run, out_dir, overrides or [], threshold)
+    typer.echo(table(result))
+    if result.get("measured_reduction") is not None:
+        typer.echo(f"measured in {from_run}: {100 * result['measured_reduction']:.1f} % latency reduction")
+    typer.echo(f"wrote {os.path.join(out_dir, 'simulate.json')}" + (", simulate.png" if axes else ""))
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -78,7 +78,6 @@ class RunData:
         exec_done: dict = {}
         spec_start: dict = {}
         spec_done: dict = {}
-        matched_pending: dict = {}
         for ev in self.traces.get(mode, []):
             k, e, t = ev["kind"], ev["episode"], ev["t"]
             p = parts.setdefault(e, Parts(e))
@@ -98,15 +97,12 @@ class RunData:
                 spec_start[rid] = (t, e, ev["turn"] - 1)
             elif k == "policy_done" and ev.get("speculative"):
                 spec_done[rid] = t
-            elif k == "match" and ev.get("pending"):
-                matched_pending[rid] = t
             elif k == "request_end" and ev.get("role") == "policy" and ev.get("outcome") == "committed":
-                if rid in matched_pending:
-                    p.blocked += t - matched_pending.pop(rid)
-                if rid in spec_start:
+                if rid in spec_start:  # as SpecMetrics times spec/overlap_sec and spec/block_sec
                     t0, ep, turn = spec_start[rid]
-                    end = min(spec_done.get(rid, t), exec_done.get((ep, turn), t))
-                    p.overlap += max(0.0, end - t0)
+                    done, tool_end = spec_done.get(rid, t), exec_done.get((ep, turn), t)
+                    p.overlap += max(0.0, min(done, tool_end) - t0)
+                    p.blocked += max(0.0, done - tool_end)
             elif k == "episode_end":
                 p.latency = ev.get("latency_sec", 0.0)
         for p in parts.values():

@@ -113,7 +113,7 @@ def plot(rows: list[dict], path: str) -> None:
         sel = [r for r in rows if r["predictor"] == pred]
         ax.errorbar([100 * r["measured"] for r in sel], [100 * r["simulated"] for r in sel],
                     xerr=[100 * r["measured_ci95"] for r in sel], fmt=marker, capsize=3, label=pred)
-        for r in sel:
+        for r in sel if pred == "oracle" else ():
             ax.annotate(f"{r['latency_median_s']:g}s c{r['concurrency']} d{r['depth']}",
                         (100 * r["measured"], 100 * r["simulated"]), fontsize=6, xytext=(3, 3),
                         textcoords="offset points")

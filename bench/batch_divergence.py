@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 
 from obsspec.config import load_recipe
 from obsspec.rollout.events import EventBus
 from obsspec.rollout.predictors import HistoryCache
-from obsspec.rollout.run import _tool_factory, compare, episode_tasks, hf_engine, model_paths
-from obsspec.rollout.scheduler import Sampling, Scheduler
+from obsspec.rollout.config import sampling as make_sampling
+from obsspec.rollout.run import _tool_factory, compare, episode_tasks, make_engine, model_paths
+from obsspec.rollout.scheduler import Scheduler
 from obsspec.tokens import ChatFormat
 from obsspec.ui.display import PlainDisplay
 
@@ -39,10 +41,10 @@ async def main_async(args) -> dict:
     episodes = await episode_tasks(recipe, display)
     policy_path, _ = model_paths(recipe, display)
     p = recipe.policy
-    sampling = Sampling(p.max_turns, p.max_new_tokens, p.max_context, p.temperature, p.top_p, recipe.rollout.seed)
+    sampling = make_sampling(p, recipe.rollout.seed)
     out = {"episodes": len(episodes)}
     for invariant in (False, True):
-        engine, tok = hf_engine(policy_path, invariant, p.device, p.max_batch_size)
+        engine, tok = make_engine(dataclasses.replace(p, batch_invariant=invariant), policy_path, p.max_batch_size)
         fmt = ChatFormat(tok)
         try:
             runs = []

@@ -35,8 +35,9 @@ from obsspec.config import load_recipe
 from obsspec.rollout.events import EventBus
 from obsspec.rollout.metrics import SpecMetrics
 from obsspec.rollout.predictors import Corrupting
-from obsspec.rollout.run import _predictor, _tool_factory, compare, episode_tasks, hf_engine, model_paths
-from obsspec.rollout.scheduler import Sampling, Scheduler
+from obsspec.rollout.config import sampling as make_sampling
+from obsspec.rollout.run import _predictor, _tool_factory, compare, episode_tasks, make_engine, model_paths
+from obsspec.rollout.scheduler import Scheduler
 from obsspec.tokens import ChatFormat
 from obsspec.ui.display import PlainDisplay
 
@@ -108,14 +109,13 @@ class Bench:
         display = PlainDisplay()
         self.episodes = await episode_tasks(base, display)
         policy_path, wm_path = model_paths(base, display)
-        self.policy, tokenizer = hf_engine(policy_path, base.policy.batch_invariant, base.policy.device)
+        self.policy, tokenizer = make_engine(base.policy, policy_path)
         self.fmt = ChatFormat(tokenizer)
         self.wm_engine = None
         if "world_model" in self.args.predictors:
-            self.wm_engine, _ = hf_engine(wm_path, base.world_model.batch_invariant, base.world_model.device)
+            self.wm_engine, _ = make_engine(base.world_model, wm_path)
         p = base.policy
-        self.sampling = Sampling(p.max_turns, p.max_new_tokens, p.max_context, p.temperature, p.top_p,
-                                 base.rollout.seed)
+        self.sampling = make_sampling(p, base.rollout.seed)
         self.base = base
 
     def close(self) -> None:

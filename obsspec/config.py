@@ -65,6 +65,24 @@ class Recipe:
     world_model: WorldModelConfig = doc(WorldModelConfig(), "The world model that drafts observations.")
     rollout: RolloutConfig = doc(RolloutConfig(), "Rollouts: mode, predictor, tasks, latency.")
 
+    def __post_init__(self) -> None:
+        # Cross-section checks: each names the keys to change.
+        if self.policy.model == "tiny" and self.policy.max_context > self.kit.max_length:
+            raise ValueError(f"policy.max_context ({self.policy.max_context}) exceeds the tiny "
+                             f"models' positions (kit.max_length = {self.kit.max_length}): lower "
+                             "policy.max_context or raise kit.max_length")
+        need = min_draft_tokens(self.sandbox.output_cap)
+        if self.world_model.max_tokens < need:
+            raise ValueError(f"world_model.max_tokens ({self.world_model.max_tokens}) cannot hold an "
+                             f"observation at sandbox.output_cap = {self.sandbox.output_cap} characters: "
+                             f"set it to at least {need}, or lower sandbox.output_cap")
+
+
+def min_draft_tokens(output_cap: int) -> int:
+    """Draft budget for an observation at the cap: a byte-level tokenizer spends at most one token
+    per ASCII character, plus room for the truncation marker, the exit code and the closing tag."""
+    return output_cap + 64
+
 
 # ---------------------------------------------------------------------------------------------
 # Loading

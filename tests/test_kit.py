@@ -24,14 +24,18 @@ from obsspec.env.sandbox import SandboxConfig
 from obsspec.env.suite import TaskNotFound, builtin_task
 from obsspec.models import kit, tiny, warmstart
 from obsspec.models.config import KitConfig, TinyModelConfig
-from obsspec.models.evaluate import EvalSettings, evaluate_policy
-from obsspec.models.tokenizer import SPECIAL, TOOL_TAGS, corpus_texts, train_tokenizer
+from obsspec.models.evaluate import (evaluate_world_model, reference_cases, rollout_tasks,
+                                     success_metrics, trajectory_cases)
+from obsspec.rollout.scheduler import Sampling
+from obsspec.models.tokenizer import CALL_TAGS, SPECIAL, TOOL_TAGS, corpus_texts, train_tokenizer
 from obsspec.tokens import ChatFormat
 
 TINY_MODEL = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                              intermediate_size=64, epochs=1.0, learning_rate=1e-2, batch_size=2)
 TINY = KitConfig(vocab_size=512, max_length=1024, policy=TINY_MODEL,
                  world_model=dataclasses.replace(TINY_MODEL, num_layers=1))
+SANDBOX = SandboxConfig(timeout_s=10)
+SAMPLING = Sampling(max_turns=3, max_new_tokens=24, max_context=1024)
 
 
 def trajectory(i: int, split: str = "train") -> dict:
@@ -88,7 +92,7 @@ def test_tokenizer_trains_saves_and_loads_with_autotokenizer(tokenizer, tmp_path
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     assert len(loaded) == len(tokenizer) <= 512
     assert loaded.eos_token == "<|im_end|>" and loaded.pad_token == "<|endoftext|>"
-    assert loaded.convert_tokens_to_ids([*SPECIAL, *TOOL_TAGS]) == list(range(7))
+    assert loaded.convert_tokens_to_ids([*SPECIAL, *TOOL_TAGS, *CALL_TAGS]) == list(range(13))
     for text in corpus_texts(ROWS)[:2] + ["héllo € 😀 \r\x1b[0m\ttabs  spaces\n\n"]:
         ids = loaded.encode(text, add_special_tokens=False)
         assert ids == tokenizer.encode(text, add_special_tokens=False)
@@ -97,13 +101,26 @@ def test_tokenizer_trains_saves_and_loads_with_autotokenizer(tokenizer, tmp_path
 
 
 def test_special_and_tool_tokens_are_atomic(tokenizer):
-    for i, tag in enumerate([*SPECIAL, *TOOL_TAGS]):
+    for i, tag in enumerate([*SPECIAL, *TOOL_TAGS, *CALL_TAGS]):
         ids = tokenizer.encode(f"ab{tag}cd", add_special_tokens=False)
         assert i in ids, f"{tag} must be one token"
     text = "<|im_start|>assistant\n<tool_call>x</tool_call><|im_end|>"
     # Tool tags are not special (as in Qwen3): skipping special tokens keeps them.
     kept = tokenizer.decode(tokenizer.encode(text), skip_special_tokens=True)
     assert kept == "assistant\n<tool_call>x</tool_call>"
+
+
+@pytest.mark.parametrize("name", ["alpha.txt", "onyx.zip", "report_2024-final.csv", "beta", "Zeta9"])
+def test_a_name_keeps_its_token_ids_wherever_it_appears(tokenizer, name):
+    """Copying a name from the instruction into a command must be copying tokens."""
+    ids = tokenizer.encode(name, add_special_tokens=False)
+    contexts = [f"/app/{name}", f" {name}", f"data/{name}", f"`{name}`", f"'{name}'", f"\n{name}\n",
+                f"cat {name} > out", f"--file={name}", f"({name})", f"x{'/'}{name},"]
+    for text in contexts:
+        got = tokenizer.encode(text, add_special_tokens=False)
+        assert any(got[i:i + len(ids)] == ids for i in range(len(got) - len(ids) + 1)), \
+            f"{name!r} inside {text!r} encodes as {tokenizer.convert_ids_to_tokens(got)}, " \
+            f"not as {tokenizer.convert_ids_to_tokens(ids)}"
 
 
 def test_tokenizer_is_deterministic(tmp_path):
@@ -217,7 +234,7 @@ class Recorder:
 def test_ensure_kit_builds_loadable_models_once_then_uses_the_cache(tmp_path, monkeypatch):
     suite = write_suite(tmp_path / "suite")
     display = Recorder()
-    paths = kit.ensure_kit(suite, str(tmp_path / "cache"), TINY, display)
+    paths = kit.ensure_kit(suite, str(tmp_path / "cache"), TINY, SANDBOX, SAMPLING, display)
     assert ("start", "policy") in display.calls and ("start", "world_model") in display.calls
     assert any(c[0] == "advance" for c in display.calls)
     report = paths.read_report()
@@ -243,19 +260,26 @@ def test_ensure_kit_builds_loadable_models_once_then_uses_the_cache(tmp_path, mo
         raise AssertionError("a second ensure_kit call with the same inputs must not train again")
 
     monkeypatch.setattr(kit, "build_kit", no_rebuild)
-    assert kit.ensure_kit(suite, str(tmp_path / "cache"), TINY) == paths
+    assert kit.ensure_kit(suite, str(tmp_path / "cache"), TINY, SANDBOX, SAMPLING) == paths
     assert os.path.getmtime(paths.report) == mtime
 
 
 def test_the_cache_key_follows_config_and_corpus(tmp_path):
     suite = write_suite(tmp_path / "a")
-    key = kit.kit_key(suite, TINY)
-    assert kit.kit_key(suite, TINY) == key
-    assert kit.kit_key(suite, dataclasses.replace(TINY, seed=1)) != key
-    assert kit.kit_key(write_suite(tmp_path / "b", ROWS[:-1]), TINY) != key
+    key = kit.kit_key(suite, TINY, SANDBOX, SAMPLING)
+    assert kit.kit_key(suite, TINY, SANDBOX, SAMPLING) == key
+    assert kit.kit_key(suite, dataclasses.replace(TINY, seed=1), SANDBOX, SAMPLING) != key
+    assert kit.kit_key(write_suite(tmp_path / "b", ROWS[:-1]), TINY, SANDBOX, SAMPLING) != key
+    # Without rollouts the policy's sampling does not shape the kit; with them it does.
+    hotter = dataclasses.replace(SAMPLING, temperature=0.5)
+    assert kit.kit_key(suite, TINY, SANDBOX, hotter) == key
+    with open(os.path.join(suite, "train.jsonl"), "w") as f:
+        f.write("{}\n")
+    with_rollouts = dataclasses.replace(TINY, rollouts=2)
+    assert kit.kit_key(suite, with_rollouts, SANDBOX, hotter) != kit.kit_key(suite, with_rollouts, SANDBOX, SAMPLING)
     shutil.rmtree(tmp_path / "a")
     with pytest.raises(TaskNotFound, match="prepare-tasks"):
-        kit.ensure_kit(str(tmp_path / "a"), str(tmp_path / "cache"), TINY)
+        kit.ensure_kit(str(tmp_path / "a"), str(tmp_path / "cache"), TINY, SANDBOX, SAMPLING)
 
 
 def test_kit_config_rejects_impossible_shapes():
@@ -285,17 +309,38 @@ class ScriptedEngine:
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
-def test_evaluation_runs_real_episodes_and_counts_valid_calls(fmt):
+def test_evaluation_is_a_sequential_rollout_in_real_sandboxes(fmt):
     task = builtin_task("count-lines", 0)
     solve = [chat.render_bash(c) for c in task.solution] + [chat.render_done()]
-    good = asyncio.run(evaluate_policy(ScriptedEngine(fmt, solve), fmt, [task], SandboxConfig(timeout_s=10),
-                                       EvalSettings(workers=1)))
-    assert good["success_frac"] == 1.0 and good["parse_valid_frac"] == 1.0
-    assert good["first_command_reference_frac"] == 1.0 and good["done_called_frac"] == 1.0
     junk = ["not a tool call", chat.render_done()]
-    bad = asyncio.run(evaluate_policy(ScriptedEngine(fmt, junk), fmt, [task], SandboxConfig(timeout_s=10)))
-    assert bad["success_frac"] == 0.0 and bad["parse_valid_frac"] == 0.5
-    assert bad["episodes"][0]["actions"] == ["error", "done"]
+    sampling = Sampling(max_turns=6, max_new_tokens=192, max_context=1024)
+
+    def run(actions):
+        return asyncio.run(rollout_tasks(ScriptedEngine(fmt, actions), fmt, [task], SANDBOX, sampling))
+
+    good, bad = run(solve), run(junk)
+    m = success_metrics([task, task], good + bad, group_size=2)
+    assert good[0].reward == 1.0 and bad[0].reward == 0.0, "the verifier decides the reward"
+    assert m["success_frac"] == 0.5 and m["per_family"] == {"count-lines": 0.5}
+    assert m["mixed_group_frac"] == 1.0, "one success and one failure in a group of two is mixed"
+    assert m["parse_valid_frac"] == pytest.approx((len(solve) + 1) / (len(solve) + 2), abs=1e-3)
+    assert m["first_command_reference_frac"] == 0.5 and m["done_called_frac"] == 1.0
+    assert [t.kind for t in bad[0].turns] == ["error", "done"]
+    # The malformed call's error observation is never a world-model target.
+    assert trajectory_cases(fmt, bad) == []
+    cases = trajectory_cases(fmt, good)
+    assert [c.command for c in cases] == task.solution
+    assert all(good[0].ids[len(c.prompt_ids) - len(fmt.obs_prefix_ids):len(c.prompt_ids)] == fmt.obs_prefix_ids
+               for c in cases), "a case's context ends with the observation opening"
+
+
+def test_sampling_has_one_source_the_recipes_policy_section():
+    from obsspec.config import load_recipe
+    from obsspec.rollout.config import sampling
+
+    recipe = load_recipe("recipes/tiny-cpu.yaml", ["policy.temperature=0.3", "policy.max_turns=2"])
+    s = sampling(recipe.policy, seed=5)
+    assert (s.temperature, s.max_turns, s.max_new_tokens, s.seed) == (0.3, 2, recipe.policy.max_new_tokens, 5)
 
 
 class EchoWorldModel:
@@ -310,17 +355,19 @@ class EchoWorldModel:
             self.first[tuple(prompt)] = r["steps"][0]["observation"]
 
     async def generate(self, request):
-        body = self.first.get(tuple(request.prompt_ids), "(no output)\n(exit_code=7)")
+        body = self.first.get(tuple(request.prompt_ids))
+        if body is None:
+            return Generation(request.request_id, tuple(self.fmt.encode("</tool_response>")), (0.0,), "stop")
         ids = self.fmt.wm_target_ids(body)
         return Generation(request.request_id, tuple(ids), (0.0,) * len(ids), "stop")
 
 
-def test_world_model_drafts_are_compared_exactly(fmt):
-    from obsspec.models.evaluate import evaluate_world_model
-
+def test_world_model_drafts_are_compared_exactly_per_class(fmt):
     rows = ROWS[:3]
-    r = asyncio.run(evaluate_world_model(EchoWorldModel(fmt, rows), fmt, rows, cap=2048))
-    assert r["steps"] == 6 and r["finished_frac"] == 1.0
-    assert r["exact_frac"] == 0.5, "first steps are drafted exactly, second steps miss by one exit code"
-    assert r["no_output_steps"] == 3
-    assert r["exact_frac_no_output"] == 0.0 and r["exact_frac_with_output"] == 1.0
+    cases = reference_cases(fmt, rows)
+    r = asyncio.run(evaluate_world_model(EchoWorldModel(fmt, rows), fmt, cases, cap=2048, max_tokens=64))
+    assert r["steps"] == 6
+    assert r["exact_frac"] == 0.5, "first steps are drafted exactly"
+    assert r["unusable_frac"] == 0.5, "a bare closing tag never closes an observation: unusable, counted"
+    assert r["per_class"] == {"no_output": {"steps": 3, "exact_frac": 0.0}, "wc": {"steps": 3, "exact_frac": 1.0}}
+    assert r["classes_with_output_hit"] == ["wc"]

@@ -50,6 +50,10 @@ class KitConfig:
     seed: int = doc(0, "Seed of model initialisation and data order.")
     policy: TinyModelConfig = doc(TinyModelConfig(), "The policy (warm-started on reference "
                                    "solutions of the train split; loss on action tokens only).")
+    rollouts: int = doc(0, "Sampled episodes of the warm-started policy on train tasks (real "
+                           "sandboxes, the recipe's policy sampling) that the world model also "
+                           "learns from; 0 = reference trajectories only.")
+    rollout_workers: int = doc(8, "Episodes of those rollouts running at once.")
     world_model: TinyModelConfig = doc(
         TinyModelConfig(epochs=4.0, max_steps=150),
         "The world-model base (pre-trained to write real observations; loss on body + closing tag).")
@@ -57,5 +61,7 @@ class KitConfig:
     def __post_init__(self) -> None:
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes + special tokens), got {self.vocab_size}")
+        if self.rollouts < 0 or self.rollout_workers < 1:
+            raise ValueError("kit.rollouts must be >= 0 and kit.rollout_workers >= 1")
         if self.max_length < 64:
             raise ValueError(f"max_length must be >= 64, got {self.max_length}")

@@ -1,191 +1,194 @@
-"""How well a policy solves validation tasks: real sandbox episodes, sequential turns.
+"""How well the models do their jobs: a policy's success on tasks, a world model's exact hits.
 
-Run: python -m obsspec.models.evaluate TASKS_DIR [kit.key=value ...] [--cache .cache/kit]
-     [--policies untrained,warm] [--world-model kit] [--recipe recipes/tiny-cpu.yaml] [--limit N]
-     [--out eval.json]
+Run: python -m obsspec.models.evaluate TASKS_DIR [key=value ...] [--recipe recipes/tiny-cpu.yaml]
+     [--policies untrained,warm] [--world-model kit] [--group-size 4] [--limit N] [--out eval.json]
 
-The kit (built if missing) follows the recipe's `kit` section and the overrides.
-
-Per episode: the prompt (obsspec/tokens.py), then up to `task.max_turns` turns of: generate an
-action (HFEngine, stop on <|im_end|>; greedy unless a temperature is given, then seeded by
-(task, turn)), parse it, and on `bash` run it in the task's sandbox and append its observation,
-on `done` stop, on a malformed call append the fixed error observation. An episode also stops
-when its tokens reach `max_tokens` (the model's positions). The verifier gives the reward.
-Episodes run concurrently (asyncio) and share the engine, which batches their generations.
-Commands run with the sandbox's own timeout (a `timeout` parameter of the call is ignored here).
-
-`--world-model` also scores a world model on the val reference trajectories: for every step, a
-greedy draft from `wm_prompt_ids(history, action)` (stop at the closing tag, 256 tokens at most),
-normalised like a real observation and compared with the real body, exactly.
+- Policy: episodes are ordinary sequential rollouts through the rollout scheduler (the one
+  episode loop of rollouts, evaluation and training), with the recipe's `policy` section as the
+  sampling settings (temperature, budgets, turn limit) and real sandboxes, no emulated latency.
+  `success_metrics` turns the trajectories into success rates, per family, and the share of
+  GRPO groups with mixed outcomes (the groups that carry a learning signal).
+- World model: every step of some trajectories (reference solutions, or a policy's own
+  rollouts) becomes a case "context -> real observation body"; the draft comes from the same
+  `WorldModelPredictor` the rollout uses and is judged exactly as the scheduler judges it (the
+  normalised draft's body token ids equal the real body's). Figures overall and per command
+  class (obsspec/commands.py), with the unusable-draft rate and draft latency.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
+import statistics
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections import defaultdict
+from dataclasses import dataclass
 
 from obsspec import chat
-from obsspec.engines.base import GenerationRequest
-from obsspec.env.episode import observation, start_sandbox
-from obsspec.env.sandbox import SandboxConfig, SandboxError
+from obsspec.commands import command_class, first_program
+from obsspec.env.sandbox import SandboxConfig
 from obsspec.env.task import Task
+from obsspec.rollout.events import EventBus
+from obsspec.rollout.predictors import PredictRequest, WorldModelPredictor
+from obsspec.rollout.scheduler import Sampling, Scheduler
+from obsspec.rollout.tools import EmulatedLatency, SandboxTool
+from obsspec.rollout.trajectory import Trajectory
 from obsspec.tokens import ChatFormat
 from obsspec.ui.display import Display, NullDisplay
 
 
-@dataclass(frozen=True)
-class EvalSettings:
-    max_action_tokens: int = 192  # per turn
-    max_tokens: int = 2048  # per episode (prompt included)
-    temperature: float = 0.0
-    workers: int = 4  # concurrent episodes
+def _frac(n: int, d: int) -> float | None:
+    return round(n / d, 4) if d else None
 
 
-@dataclass
-class EpisodeOutcome:
-    task_id: str
-    reward: float | None  # None: the sandbox failed (excluded from the rates)
-    actions: list[str] = field(default_factory=list)  # kinds: bash / done / error
-    errors: list[str] = field(default_factory=list)  # the parse error of each malformed action
-    first_command: str | None = None
-    first_command_is_reference: bool = False
-    first_program_is_reference: bool = False  # same first word (ls, find, head ...)
-    tokens: int = 0
-    infra_error: str = ""
+# ---------------------------------------------------------------------------------------------
+# Policy
 
 
-def turn_seed(task_id: str, turn: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"{task_id}/{turn}".encode()).digest()[:4], "big")
-
-
-async def run_episode(engine: Any, fmt: ChatFormat, task: Task, sandbox_config: SandboxConfig,
-                      settings: EvalSettings) -> EpisodeOutcome:
-    out = EpisodeOutcome(task.task_id, None)
-    ids = fmt.prompt_ids(task.instruction)
-    try:
-        sandbox = await start_sandbox(task, sandbox_config)
-    except SandboxError as e:
-        out.infra_error = f"setup: {e}"
-        return out
-    try:
-        for turn in range(task.max_turns):
-            budget = min(settings.max_action_tokens, settings.max_tokens - len(ids))
-            if budget < 1:
-                break
-            gen = await engine.generate(GenerationRequest(
-                prompt_ids=ids, max_new_tokens=budget, temperature=settings.temperature,
-                seed=turn_seed(task.task_id, turn), stop_token_ids=fmt.stop_token_ids))
-            ids += gen.token_ids
-            action = fmt.parse_action(gen.token_ids)
-            out.actions.append(action.kind)
-            if action.kind == "done":
-                break
-            if action.kind == "error":
-                out.errors.append(action.error)
-                obs, _ = fmt.error_observation_ids(action.error)
-            else:
-                if out.first_command is None:
-                    out.first_command = action.command
-                    reference = task.solution[0] if task.solution else ""
-                    out.first_command_is_reference = action.command == reference
-                    out.first_program_is_reference = action.command.split()[:1] == reference.split()[:1]
-                result = await sandbox.run(action.command)
-                obs, _ = fmt.observation_ids(observation(result, sandbox_config))
-            ids += obs
-        out.reward = await sandbox.verify(task.verify, task.verify_files)
-    except SandboxError as e:
-        out.infra_error = str(e)
-    finally:
-        await sandbox.close()
-        out.tokens = len(ids)
-    return out
-
-
-async def evaluate_policy(engine: Any, fmt: ChatFormat, tasks: list[Task], sandbox_config: SandboxConfig,
-                          settings: EvalSettings = EvalSettings(), display: Display | None = None,
-                          label: str = "evaluating") -> dict:
-    """Success rates of the policy behind `engine` on `tasks`; see `summarize`."""
+async def rollout_tasks(engine, fmt: ChatFormat, tasks: list[Task], sandbox: SandboxConfig,
+                        sampling: Sampling, *, concurrency: int = 4, display: Display | None = None,
+                        label: str = "episodes") -> list[Trajectory]:
+    """Sequential rollouts of `tasks` (episode i = tasks[i]) in real sandboxes, with progress."""
     display = display or NullDisplay()
-    gate = asyncio.Semaphore(settings.workers)
-
-    async def one(task: Task) -> EpisodeOutcome:
-        async with gate:
-            outcome = await run_episode(engine, fmt, task, sandbox_config, settings)
-        display.advance(1)
-        return outcome
-
+    bus = EventBus()
+    bus.subscribe(lambda e: display.advance(1) if e.kind == "episode_end" else None)
+    scheduler = Scheduler(engine, fmt, bus, sampling, cap=sandbox.output_cap)
     display.start(len(tasks), label)
-    t0 = time.monotonic()
     try:
-        outcomes = await asyncio.gather(*(one(t) for t in tasks))
+        return await scheduler.run_batch(
+            tasks, lambda task, episode: SandboxTool(task, episode, sandbox, EmulatedLatency()),
+            speculative=False, concurrency=concurrency)
     finally:
         display.finish()
-    return {**summarize(outcomes), "sec": round(time.monotonic() - t0, 1),
-            "episodes": [asdict(o) for o in outcomes]}
 
 
-def summarize(outcomes: list[EpisodeOutcome]) -> dict:
-    scored = [o for o in outcomes if o.reward is not None]
-    actions = [kind for o in scored for kind in o.actions]
+def success_metrics(tasks: list[Task], trajectories: list[Trajectory], group_size: int = 1) -> dict:
+    """Success figures of episodes (tasks[i] <-> trajectories[i]); consecutive runs of
+    `group_size` episodes are one GRPO group of the same task."""
+    scored = [(t, tr) for t, tr in zip(tasks, trajectories) if tr.reward is not None]
+    turns = [turn for _, tr in scored for turn in tr.turns]
+    per_family: dict[str, list[float]] = defaultdict(list)
+    first_same = first_program_same = 0
+    for task, tr in scored:
+        per_family[task.family].append(tr.reward)
+        first = next((t.command for t in tr.turns if t.kind == "bash"), None)
+        reference = task.solution[0] if task.solution else ""
+        first_same += first == reference
+        first_program_same += first is not None and first_program(first) == first_program(reference)
+    groups = [trajectories[i:i + group_size] for i in range(0, len(trajectories), group_size)]
+    groups = [g for g in groups if all(tr.reward is not None for tr in g)]
+    mixed = sum(1 for g in groups if len({tr.reward == 1.0 for tr in g}) == 2)
     n = len(scored)
     return {
-        "tasks": len(outcomes), "infra_errors": len(outcomes) - n,
-        "mean_reward": round(sum(o.reward for o in scored) / n, 4) if n else None,
-        "success_frac": round(sum(o.reward == 1.0 for o in scored) / n, 4) if n else None,
-        "actions": len(actions),
-        "parse_valid_frac": round(sum(k != "error" for k in actions) / len(actions), 4) if actions else None,
-        "done_called_frac": round(sum("done" in o.actions for o in scored) / n, 4) if n else None,
-        "first_command_reference_frac":
-            round(sum(o.first_command_is_reference for o in scored) / n, 4) if n else None,
-        "first_program_reference_frac":
-            round(sum(o.first_program_is_reference for o in scored) / n, 4) if n else None,
-        "mean_turns": round(len(actions) / n, 2) if n else None,
+        "episodes": len(trajectories), "infra_errors": len(trajectories) - n,
+        "success_frac": _frac(sum(tr.reward == 1.0 for _, tr in scored), n),
+        "mean_reward": round(statistics.fmean(tr.reward for _, tr in scored), 4) if n else None,
+        "per_family": {f: _frac(sum(r == 1.0 for r in rs), len(rs)) for f, rs in sorted(per_family.items())},
+        "group_size": group_size, "groups": len(groups),
+        "mixed_group_frac": _frac(mixed, len(groups)) if group_size > 1 else None,
+        "actions": len(turns),
+        "parse_valid_frac": _frac(sum(t.kind != "error" for t in turns), len(turns)),
+        "done_called_frac": _frac(sum(any(t.kind == "done" for t in tr.turns) for _, tr in scored), n),
+        "first_command_reference_frac": _frac(first_same, n),
+        "first_program_reference_frac": _frac(first_program_same, n),
+        "mean_turns": round(len(turns) / n, 2) if n else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# World model
+
+
+@dataclass(frozen=True)
+class WMCase:
+    """One step: what the world model sees, and what the tool really printed."""
+
+    prompt_ids: tuple[int, ...]   # history + action + observation opening (DESIGN.md section 2)
+    body: str                     # the real observation body
+    command: str
+    tool_sec: float = 0.0         # the tool's latency for this step, when recorded
+
+
+def reference_cases(fmt: ChatFormat, rows: list[dict]) -> list[WMCase]:
+    """Cases from reference trajectories (rows of a suite's trajectories.jsonl)."""
+    cases = []
+    for row in rows:
+        history = fmt.prompt_ids(row["instruction"])
+        for step in row["steps"]:
+            action = fmt.action_ids(chat.render_bash(step["command"]))
+            cases.append(WMCase(tuple(fmt.wm_prompt_ids(history, action)), step["observation"],
+                                step["command"]))
+            history = history + action + fmt.observation_ids(step["observation"])[0]
+    return cases
+
+
+def trajectory_cases(fmt: ChatFormat, trajectories: list[Trajectory]) -> list[WMCase]:
+    """Cases from rollouts: each executed command's observation, with everything before it.
+
+    The observation body starts where a run of `wm_mask` begins (error observations of malformed
+    calls are not targets and carry no mask), so the prompt is exactly the rollout's context."""
+    cases = []
+    for tr in trajectories:
+        starts = [i for i, m in enumerate(tr.wm_mask) if m and (i == 0 or not tr.wm_mask[i - 1])]
+        bash = [t for t in tr.turns if t.kind == "bash"]
+        for start, turn in zip(starts, bash):
+            cases.append(WMCase(tuple(tr.ids[:start]), turn.observation, turn.command, turn.tool_sec))
+    return cases
+
+
+def is_hit(fmt: ChatFormat, draft_body: str | None, real_body: str, cap: int) -> bool:
+    """The scheduler's test: the draft, normalised and encoded as a real observation, has the
+    real observation's body token ids."""
+    if draft_body is None:
+        return False
+    draft_ids, span = fmt.observation_ids(chat.normalize_draft(draft_body, cap=cap))
+    real_ids, real_span = fmt.observation_ids(real_body)
+    return draft_ids[span] == real_ids[real_span]
+
+
+async def evaluate_world_model(engine, fmt: ChatFormat, cases: list[WMCase], cap: int,
+                               max_tokens: int, *, concurrency: int = 4,
+                               display: Display | None = None, label: str = "world model drafts") -> dict:
+    """Greedy drafts for `cases`; exact-hit and unusable rates overall and per command class."""
+    display = display or NullDisplay()
+    predictor = WorldModelPredictor(engine, fmt, cap=cap, max_tokens=max_tokens)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, case: WMCase) -> tuple[bool, bool, float]:
+        async with gate:
+            t0 = time.monotonic()
+            (draft,) = await predictor.predict(PredictRequest("", "", i, 0, (case.command,), case.prompt_ids))
+            sec = time.monotonic() - t0
+        display.advance(1)
+        return draft.body is None, is_hit(fmt, draft.body, case.body, cap), sec
+
+    display.start(len(cases), label)
+    try:
+        results = await asyncio.gather(*(one(i, c) for i, c in enumerate(cases)))
+    finally:
+        display.finish()
+    by_class: dict[str, list[bool]] = defaultdict(list)
+    for case, (_, hit, _) in zip(cases, results):
+        by_class[command_class(case.command, case.body)].append(hit)
+    tool = [c.tool_sec for c in cases if c.tool_sec > 0]
+    draft_sec = statistics.fmean(r[2] for r in results) if results else None
+    return {
+        "steps": len(cases), "exact_frac": _frac(sum(r[1] for r in results), len(results)),
+        "unusable_frac": _frac(sum(r[0] for r in results), len(results)),
+        "per_class": {k: {"steps": len(v), "exact_frac": _frac(sum(v), len(v))}
+                      for k, v in sorted(by_class.items())},
+        "classes_with_output_hit": sorted(k for k, v in by_class.items()
+                                          if k not in ("no_output",) and any(v)),
+        "draft_sec_mean": round(draft_sec, 4) if draft_sec is not None else None,
+        "draft_concurrency": concurrency,
+        "tool_sec_mean": round(statistics.fmean(tool), 4) if tool else None,
     }
 
 
 # ---------------------------------------------------------------------------------------------
 
 
-async def evaluate_world_model(engine: Any, fmt: ChatFormat, trajectories: list[dict], cap: int,
-                               max_new_tokens: int = 256, display: Display | None = None) -> dict:
-    """Greedy drafts of a world model for every step of reference trajectories, compared with the
-    real body after the same normalisation a real observation gets (exact string = exact ids)."""
-    display = display or NullDisplay()
-    cases = []
-    for row in trajectories:
-        history = fmt.prompt_ids(row["instruction"])
-        for step in row["steps"]:
-            action = fmt.action_ids(chat.render_bash(step["command"]))
-            cases.append((fmt.wm_prompt_ids(history, action), step["observation"]))
-            history = history + action + fmt.observation_ids(step["observation"])[0]
-
-    async def one(prompt: list[int], body: str) -> tuple[bool, bool, bool]:
-        gen = await engine.generate(GenerationRequest(
-            prompt_ids=prompt, max_new_tokens=max_new_tokens, temperature=0.0,
-            stop_token_ids=fmt.wm_stop_token_ids, stop_strings=fmt.wm_stop_strings))
-        draft = chat.split_draft(fmt.decode(gen.token_ids))
-        display.advance(1)
-        exact = draft is not None and chat.normalize_draft(draft, cap=cap) == body
-        return draft is not None, exact, body.startswith(chat.NO_OUTPUT + "\n")
-
-    display.start(len(cases), "world model drafts")
-    try:
-        results = await asyncio.gather(*(one(p, b) for p, b in cases))
-    finally:
-        display.finish()
-    quiet = [r for r in results if r[2]]
-    loud = [r for r in results if not r[2]]
-    frac = lambda rs, i: round(sum(r[i] for r in rs) / len(rs), 4) if rs else None  # noqa: E731
-    return {"steps": len(results), "finished_frac": frac(results, 0), "exact_frac": frac(results, 1),
-            "no_output_steps": len(quiet), "exact_frac_no_output": frac(quiet, 1),
-            "exact_frac_with_output": frac(loud, 1)}
-
-
-def _policy(which: str, paths: Any, cfg: Any):
+def _policy(which: str, paths, kit_cfg):
     from obsspec.models import tiny
 
     if which == "warm":
@@ -194,7 +197,7 @@ def _policy(which: str, paths: Any, cfg: Any):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(paths.tokenizer)
-        return tiny.build_model(cfg.policy, tokenizer, cfg.max_length, cfg.seed).eval(), tokenizer
+        return tiny.build_model(kit_cfg.policy, tokenizer, kit_cfg.max_length, kit_cfg.seed).eval(), tokenizer
     return tiny.load_pretrained(which)  # a folder or a hub name
 
 
@@ -202,37 +205,44 @@ async def _main_async(args) -> dict:
     from obsspec.config import load_recipe
     from obsspec.engines.hf import HFEngine
     from obsspec.env.suite import load_tasks
-    from obsspec.models.kit import ensure_kit
+    from obsspec.models.kit import ensure_kit, read_trajectories
+    from obsspec.models.tiny import load_pretrained
+    from obsspec.rollout.config import sampling
     from obsspec.ui.display import make_display
 
     display = make_display(args.display)
     recipe = load_recipe(args.recipe, args.overrides)
     tasks = load_tasks(f"{args.tasks_dir}/val.jsonl")[: args.limit or None]
+    episodes = [t for t in tasks for _ in range(args.group_size)]
     names = [n for n in args.policies.split(",") if n]
-    paths = ensure_kit(args.tasks_dir, args.cache, recipe.kit, display) \
+    settings = sampling(recipe.policy, recipe.rollout.seed)
+    paths = ensure_kit(args.tasks_dir, recipe.rollout.kit_cache if args.cache is None else args.cache,
+                       recipe.kit, recipe.sandbox, settings, display) \
         if {"untrained", "warm"} & set(names) or args.world_model == "kit" else None
-    settings = EvalSettings(temperature=args.temperature, workers=args.workers,
-                            max_tokens=recipe.kit.max_length)
-    results = {"command": " ".join(["python -m obsspec.models.evaluate", *args.argv]),
-               "kit": paths.root if paths else None, "settings": asdict(settings)}
+    results: dict = {"command": " ".join(["python -m obsspec.models.evaluate", *args.argv]),
+                     "kit": paths.root if paths else None, "sampling": settings.__dict__}
+    trajectories: list[Trajectory] = []
     for which in names:
         model, tokenizer = _policy(which, paths, recipe.kit)
-        async with HFEngine(model, tokenizer) as engine:
-            r = await evaluate_policy(engine, ChatFormat(tokenizer), tasks, recipe.sandbox, settings,
-                                      display, f"policy {which}")
-        results[which] = r
-        display.log(f"{which}: " + json.dumps({k: v for k, v in r.items() if k != "episodes"}))
+        async with HFEngine(model, tokenizer, batch_invariant=False) as engine:
+            trajectories = await rollout_tasks(engine, ChatFormat(tokenizer), episodes, recipe.sandbox,
+                                               settings, concurrency=args.workers, display=display,
+                                               label=f"policy {which}")
+        results[which] = success_metrics(episodes, trajectories, args.group_size)
+        display.log(f"{which}: " + json.dumps(results[which]))
     if args.world_model:
-        from obsspec.models.kit import read_trajectories
-        from obsspec.models.tiny import load_pretrained
-
         rows = [r for r in read_trajectories(args.tasks_dir) if r.get("split") == "val"][: args.limit or None]
-        where = paths.world_model if args.world_model == "kit" else args.world_model
-        model, tokenizer = load_pretrained(where)
-        async with HFEngine(model, tokenizer) as engine:
-            results["world_model"] = await evaluate_world_model(
-                engine, ChatFormat(tokenizer), rows, recipe.sandbox.output_cap, display=display)
-        display.log("world model: " + json.dumps(results["world_model"]))
+        model, tokenizer = load_pretrained(paths.world_model if args.world_model == "kit" else args.world_model)
+        fmt = ChatFormat(tokenizer)
+        sources = {"reference": reference_cases(fmt, rows)}
+        if trajectories:
+            sources[f"rollouts_{names[-1]}"] = trajectory_cases(fmt, trajectories)
+        async with HFEngine(model, tokenizer, batch_invariant=False) as engine:
+            for name, cases in sources.items():
+                results[f"world_model_{name}"] = await evaluate_world_model(
+                    engine, fmt, cases, recipe.sandbox.output_cap, recipe.world_model.max_tokens,
+                    display=display, label=f"world model on {name}")
+                display.log(f"world model on {name}: " + json.dumps(results[f"world_model_{name}"]))
     return results
 
 
@@ -241,18 +251,18 @@ def main(argv: list[str] | None = None) -> None:
     import sys
 
     p = argparse.ArgumentParser(prog="python -m obsspec.models.evaluate", description=__doc__.split("\n")[0])
-    p.add_argument("tasks_dir", help="a prepared task suite; its val.jsonl is evaluated")
-    p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. kit.policy.epochs=2")
-    p.add_argument("--cache", default=".cache/kit", help="kit cache (built if missing)")
-    p.add_argument("--policies", default="untrained,warm",
+    p.add_argument("tasks_dir", help="a prepared task suite; its val split is evaluated")
+    p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. policy.temperature=0.7")
+    p.add_argument("--recipe", default="recipes/tiny-cpu.yaml", help="recipe (sampling, sandbox, kit)")
+    p.add_argument("--cache", default=None, help="kit cache (default: the recipe's rollout.kit_cache)")
+    p.add_argument("--policies", default="warm",
                    help="comma-separated: untrained, warm, or a model folder / hub name")
-    p.add_argument("--world-model", default="", help="also score greedy drafts of a world model on the "
-                   "val reference steps: 'kit' (the kit's base) or a model folder / hub name")
-    p.add_argument("--recipe", default="recipes/tiny-cpu.yaml", help="recipe whose sandbox settings apply")
+    p.add_argument("--world-model", default="", help="also score a world model's greedy drafts on the "
+                   "val reference steps and on the last policy's rollouts: 'kit' or a model folder")
+    p.add_argument("--group-size", type=int, default=4, help="episodes per task (a GRPO group)")
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N val tasks (0 = all)")
-    p.add_argument("--workers", type=int, default=4, help="concurrent episodes")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--out", default="", help="write the full results (with episodes) here as JSON")
+    p.add_argument("--workers", type=int, default=8, help="concurrent episodes")
+    p.add_argument("--out", default="", help="write the results as JSON here")
     p.add_argument("--display", default="auto", choices=["auto", "rich", "plain", "none"])
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -260,9 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
-    brief = {k: ({kk: vv for kk, vv in v.items() if kk != "episodes"} if isinstance(v, dict) else v)
-             for k, v in results.items()}
-    print(json.dumps(brief, indent=2))
+    print(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

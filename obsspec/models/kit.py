@@ -1,6 +1,6 @@
 """`ensure_kit`: build the tiny local models once, then reuse them from a cache.
 
-    paths = ensure_kit("runs/tasks", ".cache/kit", KitConfig(), display)
+    paths = ensure_kit("runs/tasks", ".cache/kit", recipe.kit, recipe.sandbox, sampling, display)
     model, tokenizer = load_pretrained(paths.policy)
 
 Run: python -m obsspec.models.kit TASKS_DIR [kit.key=value ...] [--recipe recipes/tiny-cpu.yaml]
@@ -10,7 +10,11 @@ What it builds from a prepared task suite (`obsspec prepare-tasks`; only `trajec
 read, and only its train split is trained on):
 1. the tokenizer (obsspec/models/tokenizer.py), trained on the train trajectories' text;
 2. the policy: a tiny Qwen3, warm-started on the reference solutions (loss on actions only);
-3. the world-model base: a smaller tiny Qwen3, pre-trained to write the real observations.
+3. `kit.rollouts` episodes of that policy on train tasks (real sandboxes, the recipe's sampling
+   settings), kept in `rollouts.jsonl`: the world model must know this policy's commands, its
+   failures and their error messages, not only reference solutions;
+4. the world-model base: a tiny Qwen3 pre-trained to write the real observations of the
+   reference trajectories and of those rollouts (loss on observation bodies only).
 Each lands in an ordinary model folder (weights + config + tokenizer) under
 `cache_dir/kit-<key>/`, where key = sha256 of (kit format, config, sha256 of trajectories.jsonl):
 a second call with the same inputs returns at once, and any change builds a fresh kit. A kit is
@@ -29,11 +33,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from obsspec.env.sandbox import SandboxConfig
 from obsspec.models.config import KitConfig
+from obsspec.rollout.scheduler import Sampling
 from obsspec.ui.display import Display, NullDisplay
 
-KIT_FORMAT = 1  # bump when the layout or the training recipe changes, to invalidate old kits
+KIT_FORMAT = 2  # bump when the layout or the training recipe changes, to invalidate old kits
 TRAJECTORIES = "trajectories.jsonl"
+TRAIN_TASKS = "train.jsonl"
 
 
 @dataclass(frozen=True)
@@ -43,42 +50,48 @@ class KitPaths:
     policy: str
     world_model: str
     report: str  # kit.json
+    rollouts: str  # rollouts.jsonl: the warm-started policy's episodes the world model learned from
 
     @classmethod
     def under(cls, root: str) -> KitPaths:
         join = os.path.join
         return cls(root, join(root, "tokenizer"), join(root, "policy"), join(root, "world_model"),
-                   join(root, "kit.json"))
+                   join(root, "kit.json"), join(root, "rollouts.jsonl"))
 
     def read_report(self) -> dict:
         with open(self.report) as f:
             return json.load(f)
 
 
-def kit_key(tasks_dir: str, cfg: KitConfig) -> str:
-    with open(os.path.join(tasks_dir, TRAJECTORIES), "rb") as f:
-        corpus = hashlib.sha256(f.read()).hexdigest()
-    blob = json.dumps({"format": KIT_FORMAT, "config": dataclasses.asdict(cfg),
-                       "corpus": {TRAJECTORIES: corpus}}, sort_keys=True)
+def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling) -> str:
+    corpus = {}
+    for name in (TRAJECTORIES, TRAIN_TASKS) if cfg.rollouts else (TRAJECTORIES,):
+        with open(os.path.join(tasks_dir, name), "rb") as f:
+            corpus[name] = hashlib.sha256(f.read()).hexdigest()
+    # The policy's rollouts depend on how it samples and on the sandbox it runs in.
+    rollouts = {"sandbox": dataclasses.asdict(sandbox), "sampling": dataclasses.asdict(sampling)} \
+        if cfg.rollouts else None
+    blob = json.dumps({"format": KIT_FORMAT, "config": dataclasses.asdict(cfg), "corpus": corpus,
+                       "rollouts": rollouts}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def ensure_kit(tasks_dir: str, cache_dir: str, cfg: KitConfig = KitConfig(),
-               display: Display | None = None) -> KitPaths:
+def ensure_kit(tasks_dir: str, cache_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
+               sampling: Sampling, display: Display | None = None) -> KitPaths:
     """The kit for this suite and config: from the cache, or built now (minutes on 2 CPU cores)."""
     display = display or NullDisplay()
     if not os.path.exists(os.path.join(tasks_dir, TRAJECTORIES)):
         from obsspec.env.suite import TaskNotFound  # a user error: the CLI prints one line
 
         raise TaskNotFound(f"{tasks_dir}: no {TRAJECTORIES} (run `obsspec prepare-tasks` first)")
-    paths = KitPaths.under(os.path.join(cache_dir, f"kit-{kit_key(tasks_dir, cfg)[:16]}"))
+    paths = KitPaths.under(os.path.join(cache_dir, f"kit-{kit_key(tasks_dir, cfg, sandbox, sampling)[:16]}"))
     if os.path.exists(paths.report):
         display.log(f"tiny model kit: cached at {paths.root}")
         return paths
     os.makedirs(cache_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".building-", dir=cache_dir)
     try:
-        build_kit(tasks_dir, tmp, cfg, display)
+        build_kit(tasks_dir, tmp, cfg, sandbox, sampling, display)
         try:
             os.rename(tmp, paths.root)
         except OSError:  # another process finished the same kit first: theirs is as good
@@ -94,7 +107,8 @@ def read_trajectories(tasks_dir: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, display: Display) -> dict:
+def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
+              sampling: Sampling, display: Display) -> dict:
     """Train tokenizer, policy and world-model base into `out_dir`; return (and write) the report."""
     from obsspec.models import tiny, warmstart
     from obsspec.models.tokenizer import corpus_texts, train_tokenizer
@@ -117,18 +131,34 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, display: Display) ->
     fmt = ChatFormat(tokenizer)
     report["tokenizer"] = {"vocab": len(tokenizer), "sec": round(time.monotonic() - t0, 1)}
 
-    for name, mcfg, path in (("policy", cfg.policy, paths.policy),
-                             ("world_model", cfg.world_model, paths.world_model)):
-        train_ex, dropped = warmstart.examples(fmt, train_rows, name, cfg.max_length)
-        val_ex, val_dropped = warmstart.examples(fmt, val_rows, name, cfg.max_length)
+    def train(name: str, mcfg, train_ex: list[dict], val_ex: list[dict], dropped: int, path: str):
         model = tiny.build_model(mcfg, tokenizer, cfg.max_length, cfg.seed)
         display.log(f"tiny model kit: {name}: {tiny.count_parameters(model) / 1e6:.2f}M parameters, "
                     f"{len(train_ex)} examples ({dropped} longer than {cfg.max_length} tokens dropped)")
         stats = warmstart.train(model, tokenizer, train_ex, val_ex, mcfg,
                                 os.path.join(out_dir, f".{name}-trainer"), cfg.seed, name, display)
         tiny.save(model, tokenizer, path)
-        report[name] = {"parameters": tiny.count_parameters(model), "dropped_too_long": dropped,
-                        "val_dropped_too_long": val_dropped, **stats}
+        report[name] = {"parameters": tiny.count_parameters(model), "dropped_too_long": dropped, **stats}
+        return model
+
+    train_ex, dropped = warmstart.examples(fmt, train_rows, "policy", cfg.max_length)
+    val_ex, _ = warmstart.examples(fmt, val_rows, "policy", cfg.max_length)
+    policy = train("policy", cfg.policy, train_ex, val_ex, dropped, paths.policy)
+
+    wm_train, dropped = warmstart.examples(fmt, train_rows, "world_model", cfg.max_length)
+    wm_val, _ = warmstart.examples(fmt, val_rows, "world_model", cfg.max_length)
+    if cfg.rollouts:
+        t1 = time.monotonic()
+        trajectories = _policy_rollouts(policy, tokenizer, fmt, tasks_dir, cfg, sandbox, sampling, display)
+        with open(paths.rollouts, "w") as f:
+            f.writelines(json.dumps(tr.to_dict(), sort_keys=True) + "\n" for tr in trajectories)
+        from_rollouts = warmstart.trajectory_examples(trajectories, cfg.max_length)
+        report["rollouts"] = {"episodes": len(trajectories), "examples": len(from_rollouts),
+                              "success_frac": round(sum(t.reward == 1.0 for t in trajectories)
+                                                    / max(len(trajectories), 1), 4),
+                              "sec": round(time.monotonic() - t1, 1)}
+        wm_train = wm_train + from_rollouts
+    train("world_model", cfg.world_model, wm_train, wm_val, dropped, paths.world_model)
     report["build_sec"] = round(time.monotonic() - t0, 1)
     with open(paths.report, "w") as f:
         json.dump(report, f, indent=2, sort_keys=True)
@@ -137,10 +167,38 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, display: Display) ->
     return report
 
 
+def _policy_rollouts(policy, tokenizer, fmt, tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
+                     sampling: Sampling, display: Display):
+    """`cfg.rollouts` sampled episodes of the warm-started policy on train tasks spread over the
+    split, through the same episode loop as every rollout (the engine's fast batched mode: these
+    are training data, not a losslessness check)."""
+    import asyncio
+    import concurrent.futures
+
+    from obsspec.engines.hf import HFEngine
+    from obsspec.env.suite import load_tasks
+    from obsspec.models.evaluate import rollout_tasks
+
+    tasks = load_tasks(os.path.join(tasks_dir, TRAIN_TASKS))
+    step = max(1, len(tasks) // cfg.rollouts)
+    picked = [tasks[(i * step) % len(tasks)] for i in range(cfg.rollouts)]
+
+    async def run():
+        async with HFEngine(policy, tokenizer, batch_invariant=False) as engine:
+            return await rollout_tasks(engine, fmt, picked, sandbox, sampling,
+                                       concurrency=cfg.rollout_workers, display=display,
+                                       label="policy rollouts for the world model")
+
+    # A loop of its own in a thread of its own: ensure_kit is also called from async code.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run()).result()
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from obsspec.config import load_recipe
+    from obsspec.rollout.config import sampling
     from obsspec.ui.display import make_display
 
     p = argparse.ArgumentParser(prog="python -m obsspec.models.kit", description=__doc__.split("\n")[0])
@@ -150,8 +208,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache", default=".cache/kit", help="where kits are cached")
     p.add_argument("--display", default="auto", choices=["auto", "rich", "plain", "none"])
     args = p.parse_args(argv)
-    cfg = load_recipe(args.recipe, args.overrides).kit
-    paths = ensure_kit(args.tasks_dir, args.cache, cfg, make_display(args.display))
+    recipe = load_recipe(args.recipe, args.overrides)
+    paths = ensure_kit(args.tasks_dir, args.cache, recipe.kit, recipe.sandbox,
+                       sampling(recipe.policy, recipe.rollout.seed), make_display(args.display))
     print(json.dumps({**dataclasses.asdict(paths), "report": paths.read_report()}, indent=2))
 
 

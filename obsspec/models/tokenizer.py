@@ -4,11 +4,16 @@
     tok.save_pretrained("kit/tokenizer")          # AutoTokenizer.from_pretrained("kit/tokenizer")
 
 - Byte-level: every string encodes, and `decode(encode(s)) == s` (no normalizer, no cleanup).
-- Pre-tokenization splits like Qwen2/3 (single digits, words with one leading non-letter).
+- Pre-tokenization keeps names stable: a run of letters is one piece whatever stands before
+  it (no leading space or slash is glued on, unlike Qwen2/3's split), digits and punctuation are
+  single characters, spaces and newlines are runs of their own. So `onyx` in `/app/onyx.zip`,
+  in ` onyx.zip` and in `onyx` encodes to the same ids, and a small model can copy a name from
+  the instruction into a command by copying tokens (tested).
 - Special tokens `<|endoftext|>` (pad), `<|im_start|>`, `<|im_end|>` (eos); `<tool_call>`,
   `</tool_call>`, `<tool_response>`, `</tool_response>` are atomic added tokens that are NOT
   special (as in Qwen3), so `decode(..., skip_special_tokens=True)` keeps them. Ids 0..6, in
-  that order.
+  that order; then the call markup (`<function=bash>`, `<parameter=command>`, `</parameter>`,
+  ...), atomic and not special either, ids 7..12.
 - A Qwen3-like `chat_template` (system/user/assistant/tool messages) whose text for a trajectory
   is exactly the layout of obsspec/tokens.py.
 - Deterministic: the same texts give a byte-identical `tokenizer.json`.
@@ -28,10 +33,14 @@ from obsspec.tokens import AFTER_OBS, ENDOFTEXT, IM_END, IM_START, OBS_PREFIX, p
 
 SPECIAL = (ENDOFTEXT, IM_START, IM_END)
 TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
-# Qwen2/Qwen3's pre-tokenizer pattern.
-SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_ATOMIC = re.compile("|".join(re.escape(t) for t in (*SPECIAL, *TOOL_TAGS)))
+# The rest of the call markup (obsspec/chat.py `render_tool_call`), one token each: a tiny policy
+# then spends its capacity on the command, not on spelling the XML around it.
+CALL_TAGS = ("<function=bash>", "<function=done>", "<parameter=command>", "<parameter=timeout>",
+             "</parameter>", "</function>")
+# Pieces: a word (letters only), one digit, one punctuation mark, a run of newlines, a run of
+# other whitespace. Nothing joins a word to what precedes it, so a name keeps its ids.
+SPLIT = r"\p{L}+|\p{N}|[^\s\p{L}\p{N}]|[\r\n]+|[^\S\r\n]+"
+_ATOMIC = re.compile("|".join(re.escape(t) for t in (*SPECIAL, *TOOL_TAGS, *CALL_TAGS)))
 
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -74,7 +83,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedT
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, min_frequency=2, show_progress=False,
-        special_tokens=[*SPECIAL, *TOOL_TAGS],  # ids 0..6
+        special_tokens=[*SPECIAL, *TOOL_TAGS, *CALL_TAGS],  # ids 0..12
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     # The atomic tokens are cut out of the training text so that no merge is spent on their pieces.

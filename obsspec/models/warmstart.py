@@ -55,6 +55,14 @@ def examples(fmt: ChatFormat, trajectories: Iterable[dict], target: str,
     return rows, dropped
 
 
+def trajectory_examples(trajectories: Iterable[Any], max_length: int) -> list[dict]:
+    """World-model rows from rollouts (obsspec.rollout.trajectory.Trajectory): the rollout's own
+    token ids, loss on its observation bodies + closing tags (`wm_mask`; error observations of
+    malformed calls carry none). Longer than `max_length` or without a target: left out."""
+    return [{"input_ids": list(tr.ids), "completion_mask": list(tr.wm_mask)}
+            for tr in trajectories if len(tr.ids) <= max_length and any(tr.wm_mask)]
+
+
 TRAIN_SAMPLE = 64  # train rows whose loss is measured after training
 
 

@@ -8,11 +8,20 @@ from obsspec.fields import doc
 from obsspec.rollout.tools import EmulatedLatency
 
 
+def check_engine(section: str, engine: str, server_url: str) -> None:
+    if engine not in ("hf", "vllm"):
+        raise ValueError(f"{section}.engine must be hf or vllm, got {engine!r}")
+    if engine == "vllm" and not server_url:
+        raise ValueError(f"{section}.engine=vllm needs {section}.server_url (the vLLM server, "
+                         "e.g. http://localhost:8000; docs/ENGINES.md shows how to start one)")
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     model: str = doc("tiny", "'tiny' (the kit's warm-started policy, built on first use), a local "
                               "model folder, or a hub name (GPU recipes).")
     engine: str = doc("hf", "hf (transformers, CPU or GPU) or vllm (a vLLM server, GPU).")
+    server_url: str = doc("", "With engine=vllm: the vLLM server's base URL (http://host:port).")
     batch_invariant: bool = doc(True, "Per-request forward passes: results never depend on the "
                                        "batch (needed for bit-exact losslessness; slower).")
     max_batch_size: int = doc(32, "Requests decoded together.")
@@ -20,22 +29,28 @@ class PolicyConfig:
     temperature: float = doc(1.0, "Sampling temperature (0 = greedy).")
     top_p: float = doc(1.0, "Nucleus sampling mass.")
     max_new_tokens: int = doc(192, "Longest action, in tokens.")
-    max_context: int = doc(4096, "Longest trajectory, in tokens; the episode ends there.")
+    max_context: int = doc(2048, "Longest trajectory, in tokens; the episode ends there (within "
+                                  "the policy's positions: kit.max_length for 'tiny').")
     max_turns: int = doc(8, "Most policy turns per episode.")
 
     def __post_init__(self) -> None:
-        if self.engine not in ("hf", "vllm"):
-            raise ValueError("policy.engine must be hf or vllm")
+        check_engine("policy", self.engine, self.server_url)
 
 
 @dataclass(frozen=True)
 class WorldModelConfig:
     model: str = doc("tiny", "'tiny' (the kit's world-model base), a local folder or a hub name.")
     adapter: str = doc("", "A LoRA adapter folder to apply (from train-worldmodel); '' = none.")
+    engine: str = doc("hf", "hf (transformers, CPU or GPU) or vllm (a vLLM server, GPU).")
+    server_url: str = doc("", "With engine=vllm: the vLLM server's base URL (http://host:port).")
     batch_invariant: bool = doc(True, "As policy.batch_invariant, for the world model.")
     device: str = doc("cpu", "cpu or cuda.")
-    max_tokens: int = doc(256, "Longest draft, in tokens; an unfinished draft cannot match.")
+    max_tokens: int = doc(4160, "Longest draft, in tokens; an unfinished draft cannot match. At "
+                                "least sandbox.output_cap + 64, so an observation at the cap fits.")
     temperature: float = doc(0.7, "Temperature of the extra drafts when breadth > 1 (the first is greedy).")
+
+    def __post_init__(self) -> None:
+        check_engine("world_model", self.engine, self.server_url)
 
 
 @dataclass(frozen=True)
@@ -65,3 +80,13 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name} must be >= 1 (got {getattr(self, name)})")
         if self.split not in ("train", "val"):
             raise ValueError("rollout.split must be train or val")
+
+
+def sampling(policy: PolicyConfig, seed: int):
+    """The scheduler's sampling settings from the recipe's policy section: one place for the
+    temperature, budgets and turn limit of rollouts, evaluation and training alike."""
+    from obsspec.rollout.scheduler import Sampling
+
+    return Sampling(max_turns=policy.max_turns, max_new_tokens=policy.max_new_tokens,
+                    max_context=policy.max_context, temperature=policy.temperature,
+                    top_p=policy.top_p, seed=seed)

@@ -24,7 +24,8 @@ from obsspec.env.task import Task
 from obsspec.rollout.events import EventBus, JsonlTrace
 from obsspec.rollout.metrics import SpecMetrics, export_chrome_trace
 from obsspec.rollout.predictors import HistoryCache, NoPredictor, Oracle, WorldModelPredictor
-from obsspec.rollout.scheduler import Sampling, Scheduler
+from obsspec.rollout.config import sampling
+from obsspec.rollout.scheduler import Scheduler
 from obsspec.rollout.tools import ReplayTool, SandboxTool
 from obsspec.rollout.trajectory import Trajectory
 from obsspec.ui.display import Display
@@ -58,19 +59,34 @@ def model_paths(recipe: Recipe, display: Display) -> tuple[str, str]:
         from obsspec.models.kit import ensure_kit
 
         tasks_dir = recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks")
-        kit = ensure_kit(tasks_dir, recipe.rollout.kit_cache, recipe.kit, display)
+        kit = ensure_kit(tasks_dir, recipe.rollout.kit_cache, recipe.kit, recipe.sandbox,
+                         sampling(recipe.policy, recipe.rollout.seed), display)
         policy = kit.policy if policy == "tiny" else policy
         wm = kit.world_model if wm == "tiny" else wm
     return policy, wm
 
 
-def hf_engine(path: str, batch_invariant: bool, device: str, max_batch_size: int = 32):
+def make_engine(cfg, path: str, max_batch_size: int = 32):
+    """(engine, tokenizer) for a policy or world-model section: the engine the recipe names."""
+    if cfg.engine == "vllm":
+        from transformers import AutoTokenizer
+
+        from obsspec.engines.vllm import VLLMEngine
+
+        return VLLMEngine(cfg.server_url, path), AutoTokenizer.from_pretrained(path)
     from obsspec.engines.hf import HFEngine
     from obsspec.models.tiny import load_pretrained
 
-    model, tokenizer = load_pretrained(path, device=device)
-    return HFEngine(model, tokenizer, batch_invariant=batch_invariant,
-                    max_batch_size=max_batch_size, device=device), tokenizer
+    model, tokenizer = load_pretrained(path, device=cfg.device)
+    return HFEngine(model, tokenizer, batch_invariant=cfg.batch_invariant,
+                    max_batch_size=max_batch_size, device=cfg.device), tokenizer
+
+
+def check_same_tokenizer(policy_tokenizer, wm_tokenizer, wm_path: str) -> None:
+    """Exact match compares token ids: the world model must share the policy's tokenizer."""
+    if policy_tokenizer.get_vocab() != wm_tokenizer.get_vocab():
+        raise RolloutError(f"the world model ({wm_path}) does not use the policy's tokenizer: "
+                           "drafts are compared token for token, so both must share one vocabulary")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,7 +101,7 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
     else:
         episodes, recorded = await episode_tasks(recipe, display), None
     policy_path, wm_path = model_paths(recipe, display)
-    policy, tokenizer = hf_engine(policy_path, pol.batch_invariant, pol.device, pol.max_batch_size)
+    policy, tokenizer = make_engine(pol, policy_path, pol.max_batch_size)
     fmt = ChatFormat(tokenizer)
     wm_engine = None
     os.makedirs(out_dir, exist_ok=True)
@@ -93,9 +109,7 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
         for i, t in enumerate(episodes):
             f.write(json.dumps({"episode": i, "task": t.to_dict()}, sort_keys=True) + "\n")
 
-    sampling = Sampling(max_turns=pol.max_turns, max_new_tokens=pol.max_new_tokens,
-                        max_context=pol.max_context, temperature=pol.temperature, top_p=pol.top_p,
-                        seed=cfg.seed)
+    settings = sampling(pol, cfg.seed)
     modes = ["sequential", "speculative"] if mode == "both" else [mode]
     results: dict[str, list[Trajectory]] = {}
     summaries: dict[str, dict] = {}
@@ -105,7 +119,8 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
             if m == "speculative":
                 if cfg.predictor == "world_model" and wm_engine is None:
                     wm = recipe.world_model
-                    wm_engine, _ = hf_engine(wm_path, wm.batch_invariant, wm.device)
+                    wm_engine, wm_tokenizer = make_engine(wm, wm_path)
+                    check_same_tokenizer(tokenizer, wm_tokenizer, wm_path)
                     if wm.adapter:
                         await wm_engine.load_adapter("wm-v0", wm.adapter)
                 predictor = _predictor(recipe, fmt, wm_engine, results.get("sequential"), recorded, episodes)
@@ -114,7 +129,7 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
             trace = JsonlTrace(os.path.join(out_dir, f"trace-{m}.jsonl"), m)
             bus.subscribe(metrics)
             bus.subscribe(trace)
-            sched = Scheduler(policy, fmt, bus, sampling, cap=recipe.sandbox.output_cap, predictor=predictor,
+            sched = Scheduler(policy, fmt, bus, settings, cap=recipe.sandbox.output_cap, predictor=predictor,
                               depth=recipe.rollout.depth)
             live.start(metrics, len(episodes), f"{m} rollout")
             try:

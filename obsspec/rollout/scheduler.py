@@ -98,7 +98,7 @@ class Scheduler:
                     break
                 if action.kind == "error":
                     ids, body = fmt.error_observation_ids(action.error)
-                    traj.append_observation(ids, body, len(fmt.obs_close_ids))
+                    traj.append_observation(ids, body, len(fmt.obs_close_ids), target=False)
                     traj.turns.append(Turn(text, "error", observation=chat.error_observation(action.error)))
                     continue
                 commands.append(action.command)

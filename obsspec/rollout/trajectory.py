@@ -57,10 +57,12 @@ class Trajectory:
     def append_action(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
         self._add(ids, policy=1, logprobs=logprobs)
 
-    def append_observation(self, ids: Sequence[int], body: slice, close_len: int) -> None:
-        """Observation tokens; the body and the closing tag that follows it are the WM target."""
+    def append_observation(self, ids: Sequence[int], body: slice, close_len: int,
+                           target: bool = True) -> None:
+        """Observation tokens; the body and the closing tag that follows it are the WM target
+        (`target=False`: the fixed error observation of a malformed call, never a target)."""
         wm = [0] * len(ids)
-        for i in range(body.start, min(len(ids), body.stop + close_len)):
+        for i in range(body.start, min(len(ids), body.stop + close_len)) if target else ():
             wm[i] = 1
         self._add(ids, wm=wm)
 

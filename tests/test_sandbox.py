@@ -130,23 +130,25 @@ def test_kill_everything_from_inside_does_not_kill_the_shell():
     assert text(r[0]).startswith("still here\n") and text(r[1]) == "next\n"
 
 
-def test_background_process_does_not_outlive_the_episode(tmp_path):
-    marker = tmp_path / "alive"
-
+def test_background_process_does_not_outlive_its_command_nor_the_episode():
     async def go():
         sb = Sandbox(FAST)
         await sb.start()
-        await sb.run("nohup setsid bash -c 'while true; do date >> /app/tick; sleep 0.1; done' >/dev/null 2>&1 &")
-        workspace = sb.workspace
-        await asyncio.sleep(0.5)
+        started = await sb.run("nohup setsid bash -c 'while true; do date >> /app/tick; sleep 0.1; done' "
+                               ">/dev/null 2>&1 & echo started")
+        await asyncio.sleep(0.3)
+        later = await sb.run("ps -e -o comm= | sort; wc -l < tick")
+        host_pid = sb._supervisor_pid
         await sb.close()
-        return workspace
+        return started, later, host_pid
 
-    workspace = run(go())
-    assert not os.path.exists(workspace)             # workspace removed
-    out = os.popen("ps -eo args").read()
-    assert "while true; do date >> /app/tick" not in out
-    assert not marker.exists()
+    started, later, host_pid = run(go())
+    assert text(started) == "started\n"
+    # killed when its command ended: it wrote at most once, and no longer runs
+    assert text(later).startswith("bash\nbash\nps\nsort\n"), "background job outlived its command"
+    assert int(text(later).split()[-1]) <= 1
+    assert host_pid and not os.path.exists(f"/proc/{host_pid}"), "the episode's PID 1 outlived close()"
+    assert "while true; do date >> /app/tick" not in os.popen("ps -eo args").read()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,7 +186,7 @@ def test_episodes_are_isolated_from_each_other():
         await a.start(files={"secret.txt": "a-only\n"})
         await b.start()
         ra = await a.run("ls /; ps -e | wc -l")
-        rb = await b.run(f"cat {a.workspace}/secret.txt; ls /app; ps -e -o comm=")
+        rb = await b.run("cat /app/secret.txt; ls /app; ps -e -o comm=")
         await a.close()
         await b.close()
         return ra, rb

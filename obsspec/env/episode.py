@@ -44,7 +44,7 @@ class EpisodeRecord:
 def observation(result: ExecResult, config: SandboxConfig) -> str:
     """The observation body for one command result (DESIGN.md section 4)."""
     return chat.format_observation(
-        result.output, result.exit_code, timed_out=result.timed_out, timeout_s=config.timeout_s,
+        result.output, result.exit_code, timed_out=result.timed_out, timeout_s=result.timeout_s or config.timeout_s,
         cap=config.output_cap, total_bytes=result.total_bytes,
     )
 

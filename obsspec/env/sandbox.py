@@ -3,21 +3,26 @@
     sandbox = Sandbox(SandboxConfig(), workdir="/app")
     await sandbox.start(files={"notes.txt": "hi\\n"}, setup="mkdir -p data")
     result = await sandbox.run("cd data && ls -la")      # ExecResult: output bytes + exit code
-    await sandbox.close()                                  # kills everything, removes workspace
+    reward = await sandbox.verify(task.verify, task.verify_files)
+    await sandbox.close()                                  # kills everything, frees everything
 
 What an episode gets (DESIGN.md section 5):
-- a private workspace (a host temp dir) mounted at `workdir`; read-only /usr and /etc; its own
-  /tmp, HOME, hostname, user (`agent`, uid 1000), PID, IPC, UTS and network namespaces (no
-  network, only loopback); nothing from the host's home or project, nor other episodes;
+- a private workspace at `workdir` (a size-limited tmpfs: the quota on all the agent writes
+  there), read-only /usr, /etc and /; its own /tmp, HOME, hostname, user (`agent`, uid 1000),
+  PID, IPC, UTS and network namespaces (no network); nothing of the host's temp dirs, home or
+  project, nor other episodes (how: obsspec/env/bwrap.py);
 - a persistent shell: cwd, variables, functions, aliases and options carry over between commands
-  (see scripts/runner.sh for how, and why each command still runs in its own process);
-- limits: a per-command timeout that kills every process the episode started (the shell state
-  survives), an output cap, address-space, file-size and process-count limits, and the whole PID
-  namespace dies with the episode;
+  (scripts/runner.sh), while each command runs in its own process tree, which is killed when the
+  command ends: background jobs do not outlive their command;
+- limits: a per-command timeout (the tool call's `timeout`, clamped to `timeout_s`), an output
+  cap, address-space, file-size and process-count limits, and tmpfs sizes for every writable dir;
 - determinism: fixed TZ, locale, hostname, user, HOME and umask; files the setup creates get one
   fixed time; libfaketime pins the wall clock to a logical clock (`clock_start` + turn *
-  `turn_seconds`), and files a command changed are re-stamped to that logical time afterwards
-  (the kernel stamps real times, which libfaketime cannot change).
+  `turn_seconds`), and files a command changed are re-stamped to that logical time afterwards;
+  stderr is line-buffered (libstdbuf) and the episode is pinned to one CPU;
+- a verifier the agent cannot touch: before it runs, every agent process is killed (and checked
+  gone), /tests, /logs and the harness's state are emptied, the verifier runs with an empty HOME
+  and a Python that ignores cwd and the agent's site-packages, and the reward is read by PID 1.
 
 When the harness runs as root, the sandbox runs as `nobody` on the host, so that process limits
 apply (the kernel exempts root from RLIMIT_NPROC) and nothing inside has host privileges.
@@ -26,25 +31,20 @@ apply (the kernel exempts root from RLIMIT_NPROC) and nothing inside has host pr
 from __future__ import annotations
 
 import asyncio
-import glob
+import io
 import os
 import secrets
 import shutil
 import signal
+import tarfile
 import tempfile
 import time
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 
+from obsspec.env import bwrap
 from obsspec.fields import doc
 from obsspec.chat import capture_bytes_for
-
-NOBODY = 65534
-SANDBOX_UID = 1000
-# Any file time after this is a real (kernel) time, not one of ours, and gets re-stamped.
-HORIZON_SECONDS = 10_000_000
 
 
 class SandboxError(RuntimeError):
@@ -61,27 +61,33 @@ class SandboxConfig:
 
     isolation: str = doc("bwrap", "'bwrap' (default) or 'none': run commands UNSANDBOXED on "
                                    "this host (explicit opt-in only; warns).")
-    timeout_s: float = doc(30.0, "Per-command timeout, seconds; the command and everything it "
-                                  "started are killed, the shell state survives.")
+    timeout_s: float = doc(30.0, "Per-command timeout, seconds (the upper bound of the tool "
+                                  "call's `timeout`); the command and everything it started are "
+                                  "killed, the shell state survives.")
     output_cap: int = doc(4096, "Characters of output an observation keeps; the rest is cut "
                                  "with a marker.")
     memory_mb: int = doc(4096, "Address-space limit per process (ulimit -v), MiB.")
     max_procs: int = doc(256, "Process limit for the whole episode (RLIMIT_NPROC in its own "
                                "user namespace).")
     max_file_mb: int = doc(1024, "Largest file a command may write (ulimit -f), MiB.")
+    workspace_mb: int = doc(1024, "Size of the workspace (a tmpfs): the quota on everything the "
+                                   "agent keeps there, MiB.")
     tmp_mb: int = doc(512, "Size of the episode's /tmp (a tmpfs), MiB.")
-    deterministic: bool = doc(True, "Pin clock, file times, hostname, user and locale.")
+    home_mb: int = doc(64, "Size of the agent's HOME and of /tests (tmpfs each), MiB.")
+    deterministic: bool = doc(True, "Pin clock, file times, hostname, user, locale, stderr "
+                                     "buffering and CPU.")
     clock_start: int = doc(1_704_067_200, "Logical clock at episode start, epoch seconds "
                                            "(2024-01-01T00:00:00Z).")
     turn_seconds: int = doc(60, "How far the logical clock moves per command, seconds.")
     hostname: str = doc("sandbox", "Hostname inside the sandbox.")
-    workspace_root: str = doc("", "Host directory under which episode workspaces are created "
+    workspace_root: str = doc("", "Host directory for workspaces with isolation=none only "
                                    "('' = the system temp dir).")
 
     def __post_init__(self) -> None:
         if self.isolation not in ("bwrap", "none"):
             raise ValueError(f"sandbox.isolation must be 'bwrap' or 'none', not {self.isolation!r}")
-        for name in ("timeout_s", "output_cap", "memory_mb", "max_procs", "max_file_mb", "tmp_mb"):
+        for name in ("timeout_s", "output_cap", "memory_mb", "max_procs", "max_file_mb",
+                     "workspace_mb", "tmp_mb", "home_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"sandbox.{name} must be positive")
 
@@ -97,39 +103,8 @@ class ExecResult:
     timed_out: bool
     seconds: float
     """Wall-clock time of the command, as the agent waited for it."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Host-side files shared by every sandbox of this process
-
-
-def _script(name: str) -> str:
-    return resources.files("obsspec.env").joinpath("scripts", name).read_text()
-
-
-@lru_cache(maxsize=1)
-def _faketime_lib() -> str:
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
-    return found[0] if found else ""
-
-
-@lru_cache(maxsize=None)
-def _etc_dir(hostname: str) -> str:
-    """/etc/passwd, group and hostname for the sandbox, so `ls -l` and `whoami` say `agent`."""
-    path = tempfile.mkdtemp(prefix="obsspec-etc-")
-    os.chmod(path, 0o755)
-    files = {
-        "passwd": f"root:x:0:0:root:/root:/bin/bash\nagent:x:{SANDBOX_UID}:{SANDBOX_UID}:agent:"
-        f"/home/agent:/bin/bash\nnobody:x:{NOBODY}:{NOBODY}:nobody:/nonexistent:/usr/sbin/nologin\n",
-        "group": f"root:x:0:\nagent:x:{SANDBOX_UID}:\nnogroup:x:{NOBODY}:\n",
-        "hostname": hostname + "\n",
-        "hosts": f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n",
-    }
-    for name, text in files.items():
-        with open(os.path.join(path, name), "w") as f:
-            f.write(text)
-        os.chmod(os.path.join(path, name), 0o644)
-    return path
+    timeout_s: float = 0.0
+    """The time limit it ran under."""
 
 
 async def preflight(config: SandboxConfig) -> None:
@@ -164,73 +139,81 @@ class Sandbox:
     """One episode's sandbox. Use `start()` once, `run()` per command, `close()` at the end."""
 
     def __init__(self, config: SandboxConfig, workdir: str = "/app"):
-        if not workdir.startswith("/") or workdir in ("/", "/usr", "/etc", "/proc", "/dev"):
+        if not workdir.startswith("/") or workdir.rstrip("/") in ("", "/usr", "/etc", "/proc", "/dev",
+                                                                  "/tests", "/logs", "/tmp", "/run"):
             raise ValueError(f"task workdir must be an absolute, non-system path, not {workdir!r}")
         self.config = config
         self.workdir = workdir
         self.turn = 0
-        self.host_root = ""  # host dir holding workspace/, tests/ and logs/
+        self.host_root = ""  # isolation=none only: host dir holding workspace/, tests/, logs/
         self._proc: asyncio.subprocess.Process | None = None
         self._supervisor_pid = 0
         self._lock = asyncio.Lock()
 
-    # -- paths on the host ----------------------------------------------------------------------
-    @property
-    def workspace(self) -> str:
-        return os.path.join(self.host_root, "workspace")
-
-    @property
-    def tests_dir(self) -> str:
-        return os.path.join(self.host_root, "tests")
-
-    @property
-    def logs_dir(self) -> str:
-        return os.path.join(self.host_root, "logs")
-
     # -- life cycle -------------------------------------------------------------------------------
     async def start(self, files: dict[str, str] | None = None, setup: str = "") -> None:
-        """Create the workspace, write `files`, start the shell and run `setup` in it."""
+        """Start the shell, write `files` into the workspace and run `setup` there."""
         cfg = self.config
-        root = cfg.workspace_root or None
-        if root:
-            os.makedirs(root, exist_ok=True)
-        self.host_root = tempfile.mkdtemp(prefix="obsspec-ep-", dir=root)
-        for sub in ("workspace", "tests", "logs/verifier"):
-            os.makedirs(os.path.join(self.host_root, sub))
-        for rel, text in (files or {}).items():
-            _write_file(self.workspace, rel, text)
-        if os.geteuid() == 0 and cfg.isolation == "bwrap":
-            _chown_tree(self.host_root, NOBODY)
-        env = self._env()
+        archive = _tar(files or {}, cfg.clock_start)  # checks paths before anything starts
+        env = bwrap.env(cfg, self.workdir)
+        fds: list[int] = []
         if cfg.isolation == "bwrap":
-            argv = self._bwrap_argv()
+            argv, fds = bwrap.argv(cfg, self.workdir, check_bwrap())
+            cwd = "/"
         else:
             warnings.warn("sandbox.isolation=none: agent commands run UNSANDBOXED on this host")
-            env["OBSSPEC_WORKDIR"] = self.workspace
-            env["HOME"] = self.workspace
-            env["OBSSPEC_STATE_DIR"] = os.path.join(self.host_root, "state")
-            os.makedirs(env["OBSSPEC_STATE_DIR"])
-            argv = ["bash", "--noprofile", "--norc", "-c", _script("supervisor.sh")]
-        # a new session: the harness's own terminal signals never reach the episode
-        self._proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-            cwd=self.workspace, limit=1 << 20,
-        )
+            root = cfg.workspace_root or None
+            if root:
+                os.makedirs(root, exist_ok=True)
+            self.host_root = tempfile.mkdtemp(prefix="obsspec-ep-", dir=root)
+            for sub in ("workspace", "tests", "logs", "state", "home"):
+                os.makedirs(os.path.join(self.host_root, sub))
+            dirs = {k: os.path.join(self.host_root, v) for k, v in
+                    (("WORKDIR", "workspace"), ("STATE_DIR", "state"), ("TESTS_DIR", "tests"),
+                     ("LOGS_DIR", "logs"))}
+            env.update({f"OBSSPEC_{k}": v for k, v in dirs.items()})
+            env["HOME"] = os.path.join(self.host_root, "home")
+            argv, cwd = ["bash", "--noprofile", "--norc", "-c", bwrap.script("supervisor.sh")], dirs["WORKDIR"]
+        try:
+            # a new session: the harness's own terminal signals never reach the episode
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+                cwd=cwd, limit=1 << 20, pass_fds=fds,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
         self._supervisor_pid = self._proc.pid if cfg.isolation == "none" else 0
-        setup_result = await self._request("raw", setup or ":", cfg.clock_start, cfg.timeout_s * 4)
+        untar = await self._request("untar", archive, env["OBSSPEC_WORKDIR"], cfg.timeout_s * 4)
+        if untar.exit_code != 0:
+            raise SandboxError(f"could not write the task files: {_tail(untar)}")
+        if cfg.isolation == "bwrap":
+            self._supervisor_pid = _find_supervisor(self._proc.pid)
+        setup_result = await self._request("raw", _encode(setup or ":"), cfg.clock_start, cfg.timeout_s * 4)
         if setup_result.exit_code != 0:
-            tail = setup_result.output[-500:].decode("utf-8", "replace")
-            raise SandboxError(f"task setup failed (exit {setup_result.exit_code}): {tail}")
+            raise SandboxError(f"task setup failed (exit {setup_result.exit_code}): {_tail(setup_result)}")
 
     async def close(self) -> None:
-        """Kill every process of the episode and remove its files. Safe to call twice."""
+        """Kill every process of the episode and free its files. Safe to call twice.
+
+        Killing PID 1 from the host makes the kernel kill the rest of its PID namespace, and
+        bwrap exits only once its PID 1 is reaped, i.e. once nothing of the episode is left."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.returncode is None:
+            inner = self._supervisor_pid if self._supervisor_pid != proc.pid else 0
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+                if inner:
+                    _kill(inner)
+                    try:
+                        await asyncio.wait_for(asyncio.shield(proc.wait()), 5)
+                    except asyncio.TimeoutError:
+                        pass
+            finally:  # (also when cancelled meanwhile: the episode's processes die regardless)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             await proc.wait()
         if self.host_root:
             shutil.rmtree(self.host_root, ignore_errors=True)
@@ -244,49 +227,43 @@ class Sandbox:
 
     # -- commands ---------------------------------------------------------------------------------
     async def run(self, command: str, timeout_s: float | None = None) -> ExecResult:
-        """Run one agent command in the episode's persistent shell; the logical clock ticks."""
+        """Run one agent command in the episode's persistent shell; the logical clock ticks.
+        `timeout_s` (the tool call's) is clamped to the configured limit."""
         self.turn += 1
         clock = self.config.clock_start + self.turn * self.config.turn_seconds
-        return await self._request("run", command, clock, timeout_s or self.config.timeout_s)
-
-    async def run_script(self, script: str, timeout_s: float | None = None) -> ExecResult:
-        """Run a harness script (not an agent command) in a fresh bash with cwd = workdir."""
-        clock = self.config.clock_start + self.turn * self.config.turn_seconds
-        return await self._request("raw", script, clock, timeout_s or self.config.timeout_s)
+        limit = min(timeout_s, self.config.timeout_s) if timeout_s else self.config.timeout_s
+        return await self._request("run", _encode(command), clock, limit)
 
     async def verify(self, script: str, files: dict[str, str] | None = None,
                      timeout_s: float | None = None) -> float:
-        """Run a task's verifier; return its reward in [0, 1] (Harbor's reward.txt, else exit code)."""
-        # /tests is mounted read-only and empty during the episode; /logs is cleared here so that
-        # a reward the agent planted does not count. (Empty the dirs, don't replace them: the
-        # sandbox's bind mounts point at these very inodes.)
-        _empty_dir(self.tests_dir)
-        _empty_dir(self.logs_dir)
-        os.makedirs(os.path.join(self.logs_dir, "verifier"))
-        for rel, text in (files or {}).items():
-            _write_file(self.tests_dir, rel, text)
-        if os.geteuid() == 0 and self.config.isolation == "bwrap":
-            _chown_tree(self.tests_dir, NOBODY)
-            _chown_tree(self.logs_dir, NOBODY)
-        result = await self.run_script(script, timeout_s or self.config.timeout_s * 4)
-        reward_file = os.path.join(self.logs_dir, "verifier", "reward.txt")
-        if os.path.exists(reward_file):
+        """Run a task's verifier; return its reward in [0, 1] (Harbor's reward.txt, else exit code).
+
+        No agent process is alive when it starts (PID 1 kills them all and checks), /tests, /logs
+        and the harness's state are emptied first, so nothing the agent planted there counts."""
+        cfg = self.config
+        clock = cfg.clock_start + self.turn * cfg.turn_seconds
+        reset = await self._request("reset", b"", clock, 30)
+        if reset.exit_code != 0:
+            raise SandboxError("agent processes survived the kill before verification")
+        tests = self.host_root and os.path.join(self.host_root, "tests") or "/tests"
+        untar = await self._request("untar", _tar(files or {}, cfg.clock_start), tests, 30)
+        if untar.exit_code != 0:
+            raise SandboxError(f"could not write the verifier's files: {_tail(untar)}")
+        result = await self._request("verify", _encode(script), clock, timeout_s or cfg.timeout_s * 4)
+        planted = await self._request("reward", b"", clock, 30)
+        if planted.exit_code == 0:
             try:
-                reward = float(open(reward_file).read().strip())
+                return min(1.0, max(0.0, float(planted.output.decode("ascii", "replace").strip())))
             except ValueError:
                 return 0.0
-            return min(1.0, max(0.0, reward))
         return 1.0 if result.exit_code == 0 and not result.timed_out else 0.0
 
-    async def _request(self, op: str, script: str, clock: int, timeout_s: float) -> ExecResult:
+    async def _request(self, op: str, payload: bytes, arg, timeout_s: float) -> ExecResult:
         if self._proc is None:
             raise SandboxError("sandbox is not running (call start() first)")
-        if "\0" in script:
-            raise ValueError("a command cannot contain NUL bytes")
         async with self._lock:  # one command at a time per episode, as in a terminal
-            payload = script.encode("utf-8", "surrogateescape")
             nonce = secrets.token_hex(8)
-            header = f"{op} {nonce} {len(payload)} {clock}\n".encode()
+            header = f"{op} {nonce} {len(payload)} {arg}\n".encode()
             t0 = time.monotonic()
             try:
                 self._proc.stdin.write(header + payload)
@@ -296,20 +273,28 @@ class Sandbox:
             reader = _OutputReader(self._proc.stdout, nonce, capture_bytes_for(self.config.output_cap))
             timed_out = False
             try:
-                rc = await asyncio.wait_for(asyncio.shield(reader.task), timeout_s)
-            except asyncio.TimeoutError:
-                timed_out = True
-                await self._interrupt()
                 try:
-                    rc = await asyncio.wait_for(reader.task, 10)
+                    rc = await asyncio.wait_for(asyncio.shield(reader.task), timeout_s)
                 except asyncio.TimeoutError:
-                    raise await self._died("did not recover from a timeout") from None
+                    timed_out = True
+                    await self._interrupt()
+                    try:
+                        rc = await asyncio.wait_for(reader.task, 10)
+                    except asyncio.TimeoutError:
+                        raise await self._died("did not recover from a timeout") from None
+            except asyncio.CancelledError:
+                # The episode is being cancelled mid-command: the protocol is out of step now,
+                # so this sandbox cannot serve another request. Kill it; nothing is left running.
+                reader.task.cancel()
+                await self.close()
+                raise
             if rc is None:
                 raise await self._died("output closed")
             seconds = time.monotonic() - t0
             return ExecResult(
                 output=bytes(reader.captured), total_bytes=reader.total,
                 exit_code=-1 if timed_out else rc, timed_out=timed_out, seconds=seconds,
+                timeout_s=timeout_s,
             )
 
     async def _interrupt(self) -> None:
@@ -331,53 +316,6 @@ class Sandbox:
                 pass
         await self.close()
         return SandboxError(f"sandbox died ({why}): {err.decode('utf-8', 'replace').strip()}")
-
-    # -- how the sandbox is built -------------------------------------------------------------------
-    def _env(self) -> dict[str, str]:
-        cfg = self.config
-        return {
-            "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
-            "HOME": "/home/agent", "USER": "agent", "LOGNAME": "agent", "SHELL": "/bin/bash",
-            "HOSTNAME": cfg.hostname, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC",
-            "TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
-            "OBSSPEC_WORKDIR": self.workdir,
-            "OBSSPEC_STATE_DIR": "/run/obsspec-state",
-            "OBSSPEC_RUNNER": _script("runner.sh"),
-            "OBSSPEC_MAX_PROCS": str(cfg.max_procs),
-            "OBSSPEC_MEMORY_KB": str(cfg.memory_mb * 1024),
-            "OBSSPEC_FILE_BLOCKS": str(cfg.max_file_mb * 2048),  # ulimit -f counts 512-byte blocks
-            "OBSSPEC_DETERMINISTIC": "1" if cfg.deterministic else "0",
-            "OBSSPEC_HORIZON": str(cfg.clock_start + HORIZON_SECONDS),
-            "OBSSPEC_FAKETIME_LIB": _faketime_lib() if cfg.deterministic else "",
-        }
-
-    def _bwrap_argv(self) -> list[str]:
-        cfg = self.config
-        etc = _etc_dir(cfg.hostname)
-        argv = []
-        if os.geteuid() == 0:
-            argv += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
-        argv += [check_bwrap(), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-                 "--new-session", "--as-pid-1", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-                 "--hostname", cfg.hostname, "--ro-bind", "/usr", "/usr"]
-        for name in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
-            host = os.path.join("/", name)
-            if os.path.islink(host):
-                argv += ["--symlink", os.readlink(host), host]
-            elif os.path.isdir(host):
-                argv += ["--ro-bind", host, host]
-        argv += ["--ro-bind", "/etc", "/etc"]
-        for name in ("passwd", "group", "hostname", "hosts"):
-            argv += ["--ro-bind", os.path.join(etc, name), f"/etc/{name}"]
-        argv += ["--proc", "/proc", "--dev", "/dev",
-                 "--size", str(cfg.tmp_mb << 20), "--tmpfs", "/tmp",
-                 "--dir", "/home/agent", "--dir", "/run/obsspec-state",
-                 "--bind", self.workspace, self.workdir,
-                 "--ro-bind", self.tests_dir, "/tests",
-                 "--bind", self.logs_dir, "/logs",
-                 "--chdir", self.workdir,
-                 "bash", "--noprofile", "--norc", "-c", _script("supervisor.sh")]
-        return argv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,26 +382,47 @@ def _find_supervisor(bwrap_pid: int) -> int:
     return 0
 
 
-def _write_file(base: str, rel: str, text: str) -> None:
-    path = os.path.normpath(os.path.join(base, rel))
-    if not path.startswith(base + os.sep):
-        raise ValueError(f"task file path escapes the workspace: {rel!r}")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
-def _empty_dir(path: str) -> None:
-    for name in os.listdir(path):
-        child = os.path.join(path, name)
-        if os.path.isdir(child) and not os.path.islink(child):
-            shutil.rmtree(child)
-        else:
-            os.unlink(child)
+def _encode(script: str) -> bytes:
+    if "\0" in script:
+        raise ValueError("a command cannot contain NUL bytes")
+    return script.encode("utf-8", "surrogateescape")
 
 
-def _chown_tree(path: str, uid: int) -> None:
-    os.chown(path, uid, uid)
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in dirnames + filenames:
-            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+def _tail(result: ExecResult) -> str:
+    return result.output[-500:].decode("utf-8", "replace")
+
+
+def _tar(files: dict[str, str], mtime: int) -> bytes:
+    """A tar archive of text files (paths relative to the directory it is extracted into), every
+    entry stamped `mtime`, directories included, so that nothing carries a real time."""
+    buf = io.BytesIO()
+    dirs: set[str] = set()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for rel, text in sorted(files.items()):
+            path = os.path.normpath(rel)
+            if os.path.isabs(path) or path == "." or path.split(os.sep)[0] == "..":
+                raise ValueError(f"task file path escapes the workspace: {rel!r}")
+            parts = path.split(os.sep)
+            for i in range(1, len(parts)):
+                d = os.sep.join(parts[:i])
+                if d not in dirs:
+                    dirs.add(d)
+                    tar.addfile(_entry(d, tarfile.DIRTYPE, 0o755, mtime))
+            data = text.encode("utf-8", "surrogateescape")
+            info = _entry(path, tarfile.REGTYPE, 0o644, mtime)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _entry(name: str, kind: bytes, mode: int, mtime: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.mtime = kind, mode, mtime
+    return info

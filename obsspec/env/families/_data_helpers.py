@@ -101,4 +101,6 @@ def mode(path):
 
 def py_verify(body: str) -> str:
     """A bash verifier running `body` (Python, may use the PRELUDE helpers); exit 0 = pass."""
-    return f"python3 - <<'__OBSSPEC_VERIFY__'\n{PRELUDE}\n{body.strip()}\nprint('OK')\n__OBSSPEC_VERIFY__\n"
+    # -I: isolated mode, so the agent's files in cwd (json.py, subprocess.py, ...) cannot shadow
+    # the standard library, and PYTHON* variables and user site-packages are ignored
+    return f"python3 -I - <<'__OBSSPEC_VERIFY__'\n{PRELUDE}\n{body.strip()}\nprint('OK')\n__OBSSPEC_VERIFY__\n"

@@ -45,7 +45,8 @@ def one_of(rng: random.Random, options):
 def _python_check(body: str, **values) -> str:
     """Bash verifier running `body` in python3, with `values` bound as Python literals."""
     header = "".join(f"{k} = {v!r}\n" for k, v in sorted(values.items()))
-    return f"python3 - <<'PYCHECK'\nimport subprocess, sys\n{header}{body}PYCHECK\n"
+    # -I: the agent's files in cwd cannot shadow the standard library (see _data_helpers.py)
+    return f"python3 -I - <<'PYCHECK'\nimport subprocess, sys\n{header}{body}PYCHECK\n"
 
 
 _LINES_BODY = r"""

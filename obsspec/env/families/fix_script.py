@@ -1,6 +1,11 @@
 """fix-script: a small stdlib Python module has one bug and its test script fails. Read the
 traceback and the code, fix the module (e.g. with sed), rerun the test. The verifier runs a
-pristine copy of the test plus a few hidden cases against the module source."""
+pristine copy of the test plus a few hidden cases against the module source.
+
+The module is the agent's code, so the verifier never runs it in its own process: a child
+`python3 -I` (which cannot fork) loads it and prints each call's result; the verifier compares
+them with expected values the child never sees, and discards anything the child put in /logs.
+An `os._exit(0)` or a planted reward file therefore decides nothing."""
 
 from __future__ import annotations
 
@@ -91,10 +96,56 @@ BUGS = [
 ]
 
 
-def _case(make, rng: random.Random, fn: str, i: int) -> str:
+def _case(make, rng: random.Random, fn: str, i: int) -> tuple[str, object]:
     args, exp = make(rng, i)
-    call = f"{fn}({', '.join(map(repr, args))})"
+    return f"{fn}({', '.join(map(repr, args))})", exp
+
+
+def _assert(call: str, exp) -> str:
     return f"assert abs({call} - {exp!r}) < 1e-9" if isinstance(exp, float) else f"assert {call} == {exp!r}"
+
+
+# Runs in the child: load the agent's module, evaluate each call, print the reprs as one JSON line.
+CHILD = r"""import json, sys, types
+path, mod, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+m = types.ModuleType(mod)
+exec(compile(open(path, encoding="utf-8").read(), path, "exec"), m.__dict__)
+sys.modules[mod] = m
+out = []
+for c in calls:
+    try:
+        out.append(repr(eval(c, m.__dict__)))
+    except BaseException as e:
+        out.append("error: " + repr(e))
+print("\n" + json.dumps(out))
+"""
+
+JUDGE = r"""import ast, ctypes, resource, shutil, subprocess
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the child cannot read our memory
+def no_fork():
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+try:
+    p = subprocess.run([sys.executable, "-I", "-c", CHILD, PATH, MOD, json.dumps([c for c, _ in CASES])],
+                       capture_output=True, text=True, timeout=20, preexec_fn=no_fork)
+except subprocess.TimeoutExpired:
+    fail("the tests timed out")
+if os.path.isdir("/logs/verifier"):
+    shutil.rmtree("/logs/verifier")  # whatever the child wrote there is not a reward
+    os.mkdir("/logs/verifier")
+try:
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(got) == len(CASES)
+except Exception:
+    fail("the tests did not run: %s" % (p.stdout + p.stderr)[-300:])
+for (call, exp), g in zip(CASES, got):
+    try:
+        val = ast.literal_eval(g)
+        ok = abs(val - exp) < 1e-9 if isinstance(exp, float) else val == exp
+    except Exception:
+        ok = False
+    if not ok:
+        fail("test failed: %s returned %s" % (call, g))
+"""
 
 
 def _sed(old: str, new: str) -> str:
@@ -112,11 +163,9 @@ def generate(rng: random.Random, task_id: str) -> Task:
     tests = [_case(make, rng, fn, i) for i in range(rng.randint(2, 3))]
     tests += [_case(make2, rng, fn2, i) for i in range(2)]
     hidden = [_case(make, rng, fn, i) for i in range(2, 5)] + [_case(make2, rng, fn2, i) for i in range(2, 4)]
-    test = f"from {mod} import {', '.join(sorted([fn, fn2]))}\n\n" + "\n".join(tests) + '\nprint("all tests passed")\n'
-    body = (f"import types\npath = {d + mod + '.py'!r}\nm = types.ModuleType({mod!r})\n"
-            f"exec(compile(read_text(path), path, 'exec'), m.__dict__)\nsys.modules[{mod!r}] = m\n"
-            f"try:\n    exec({test + chr(10).join(hidden)!r}, {{}})\nexcept Exception as e:\n"
-            "    fail('test failed: %r' % e)")
+    test = (f"from {mod} import {', '.join(sorted([fn, fn2]))}\n\n" + "\n".join(_assert(*t) for t in tests)
+            + '\nprint("all tests passed")\n')
+    body = f"PATH = {d + mod + '.py'!r}\nMOD = {mod!r}\nCASES = {tests + hidden!r}\nCHILD = {CHILD!r}\n" + JUDGE
     cd = f"cd {d.rstrip('/')} && " if d else ""
     where = f"/app/{d.rstrip('/')}" if d else "/app"
     instruction = rng.choice([

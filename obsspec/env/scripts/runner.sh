@@ -4,6 +4,7 @@
 # $1: the logical clock (epoch seconds) the command sees through libfaketime.
 __obsspec_state=$OBSSPEC_STATE_DIR/shell __obsspec_cmdfile=$OBSSPEC_STATE_DIR/cmd
 __obsspec_faketime=$OBSSPEC_FAKETIME_LIB __obsspec_det=$OBSSPEC_DETERMINISTIC
+__obsspec_stdbuf=$OBSSPEC_STDBUF_LIB
 unset "${!OBSSPEC_@}"   # the harness's variables are not part of the agent's environment
 __obsspec_save() {
   __obsspec_rc=$?
@@ -14,7 +15,7 @@ __obsspec_save() {
       case $__n in
         __obsspec*|BASH*|EUID|UID|PPID|GROUPS|FUNCNAME|PIPESTATUS|LINENO|SECONDS|RANDOM|SRANDOM|\
         EPOCHSECONDS|EPOCHREALTIME|HISTCMD|_|DIRSTACK|SHLVL|PWD|SHELLOPTS|COMP_WORDBREAKS|\
-        OPTIND|OPTERR|LD_PRELOAD|FAKETIME*|DONT_FAKE_MONOTONIC) ;;
+        OPTIND|OPTERR|LD_PRELOAD|FAKETIME*|DONT_FAKE_MONOTONIC|_STDBUF_*) ;;
         *) __names+=("$__n") ;;
       esac
     done
@@ -37,6 +38,11 @@ if [ "$__obsspec_det" = 1 ] && [ -n "$__obsspec_faketime" ]; then
   # Monotonic clocks stay real so that sleeps and timeouts inside commands still work.
   printf -v FAKETIME '%(%Y-%m-%d %H:%M:%S)T' "$1"
   export LD_PRELOAD=$__obsspec_faketime FAKETIME DONT_FAKE_MONOTONIC=1
+fi
+if [ "$__obsspec_det" = 1 ] && [ -n "$__obsspec_stdbuf" ]; then
+  # Line-buffered stderr (coreutils' libstdbuf) for every stdio program: each error line is one
+  # write, so two pipeline stages failing at once cannot interleave in the middle of a line.
+  export LD_PRELOAD=${LD_PRELOAD:+$LD_PRELOAD:}$__obsspec_stdbuf _STDBUF_E=L
 fi
 RANDOM=$1  # $RANDOM is seeded by the logical clock: the same numbers in every episode
 trap __obsspec_save EXIT

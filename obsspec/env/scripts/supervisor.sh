@@ -1,22 +1,31 @@
 # obsspec sandbox supervisor: PID 1 of an episode's PID namespace (bwrap --as-pid-1).
 #
-# Protocol, on stdin, one request per command:   OP NONCE NBYTES ARG\n<NBYTES bytes of script>
-#   OP=run  : an agent command, run with the episode's persistent shell state (runner.sh);
-#             ARG is the logical clock for this turn (epoch seconds) that the command sees.
-#   OP=raw  : a harness script (setup, verifier), run in a fresh bash with cwd = workdir.
-# Everything the script prints (stdout and stderr merged) goes to our stdout, followed by the
+# Protocol, on stdin, one request per command:   OP NONCE NBYTES ARG\n<NBYTES bytes of payload>
+#   OP=run    : an agent command, run with the episode's persistent shell state (runner.sh);
+#               ARG is the logical clock for this turn (epoch seconds) that the command sees.
+#   OP=raw    : a harness script (the task's setup), run in a fresh bash with cwd = workdir.
+#   OP=untar  : the payload is a tar archive, extracted into directory ARG (task files, /tests).
+#   OP=reset  : before verification: kill every other process and check that none is left;
+#               empty /tests, /logs and the state dir; rc 1 if a process survived.
+#   OP=verify : the task's verifier, in a fresh bash with cwd = workdir, an empty HOME and a
+#               Python that ignores cwd, PYTHONPATH and user site-packages.
+#   OP=reward : print the first bytes of /logs/verifier/reward.txt (rc 3 if it is not a file).
+# Everything a request prints (stdout and stderr merged) goes to our stdout, followed by the
 # end marker \0NONCE RC\0. The harness reads until the marker, so no output is ever lost to a
 # race, and a command cannot forge the marker without knowing the nonce.
 #
-# Being PID 1, this shell survives `kill -9 -1` from inside the sandbox. On SIGUSR1 (sent by the
+# Every process a request started is killed when it ends: background jobs live only as long as
+# the command that started them (no core stays busy, no output lands in a later observation,
+# nothing of the agent is alive when the verifier runs). Being PID 1, this shell survives
+# `kill -9 -1` from inside; it runs from an execute-only copy of bash, so the kernel makes it
+# non-dumpable and the agent can neither ptrace it nor touch its memory. On SIGUSR1 (sent by the
 # harness when a command exceeds its timeout) it kills every other process in the namespace.
-# On exit the kernel kills everything left in the namespace: nothing outlives an episode.
 
 agent_lc_all=$LC_ALL
 export LC_ALL=C   # read -N counts bytes; commands get the agent's locale back
 exec 2>/dev/null
 ulimit -u "$OBSSPEC_MAX_PROCS" -v "$OBSSPEC_MEMORY_KB" -f "$OBSSPEC_FILE_BLOCKS"
-state=$OBSSPEC_STATE_DIR
+state=$OBSSPEC_STATE_DIR tests=$OBSSPEC_TESTS_DIR logs=$OBSSPEC_LOGS_DIR
 
 __kill_others() {
   # A fork bomb may still be forking while we kill, so repeat until nothing else is left.
@@ -42,16 +51,62 @@ __restamp() {
     -exec touch -h -d "@$1" {} + 2>/dev/null
 }
 
+__wipe() { find "$1" -mindepth 1 -delete 2>/dev/null; }
+
+__unlink_aliases() {
+  # A symlink the agent left that leads into the verifier's files (/tests, /logs), the harness's
+  # state or /proc (/proc/self/fd/N, /proc/self/root/...) would let the verifier compare an
+  # expected file with itself: such links are removed before the verifier runs.
+  local link
+  find "$OBSSPEC_WORKDIR" /tmp "$HOME" -xdev -type l -print0 2>/dev/null |
+    while IFS= read -r -d '' link; do
+      case $(realpath -m -- "$link") in
+        /tests|/tests/*|/logs|/logs/*|/proc|/proc/*|/dev/fd|/dev/fd/*|/run|/run/*) rm -f -- "$link" ;;
+      esac
+    done
+}
+
 while IFS=' ' read -r op nonce nbytes arg; do
   script=""
-  [ "$nbytes" -gt 0 ] && IFS= read -r -d '' -N "$nbytes" script
-  printf '%s' "$script" > "$state/cmd"
-  __interrupted=0
-  if [ "$op" = run ]; then
-    LC_ALL=$agent_lc_all $setsid bash --noprofile --norc -c "$OBSSPEC_RUNNER" bash "$arg" </dev/null 2>&1 &
-  else
-    (cd "$OBSSPEC_WORKDIR" && LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc "$state/cmd") </dev/null 2>&1 &
+  if [ "$op" = untar ]; then
+    # The harness sends nothing more until we answer, so head cannot read past the archive.
+    head -c "$nbytes" | tar -x --no-same-owner -C "$arg" 2>&1
+    rc=$?
+    __restamp "$OBSSPEC_CLOCK_START"
+    printf '\0%s %d\0' "$nonce" "$rc"
+    continue
   fi
+  [ "$nbytes" -gt 0 ] && IFS= read -r -d '' -N "$nbytes" script
+  __interrupted=0
+  case $op in
+    run)
+      printf '%s' "$script" > "$state/cmd"
+      LC_ALL=$agent_lc_all $setsid bash --noprofile --norc -c "$OBSSPEC_RUNNER" bash "$arg" </dev/null 2>&1 & ;;
+    raw)
+      printf '%s' "$script" > "$state/cmd"
+      (cd "$OBSSPEC_WORKDIR" && LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc "$state/cmd") </dev/null 2>&1 & ;;
+    reset)
+      if [ $$ = 1 ]; then  # (unsandboxed, each command's session was killed when it ended)
+        __kill_others
+        if kill -0 -1 2>/dev/null; then printf '\0%s %d\0' "$nonce" 1; continue; fi
+      fi
+      __wipe "$tests"; __wipe "$logs"; __wipe "$state"
+      __unlink_aliases
+      mkdir -p "$logs/verifier" "$state/home" "$state/verifier"
+      printf '\0%s %d\0' "$nonce" 0
+      continue ;;
+    verify)
+      # Written only now, when no agent process is left to swap it or race on it.
+      printf '%s' "$script" > "$state/verifier/test.sh"
+      (cd "$OBSSPEC_WORKDIR" && HOME=$state/home PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1 \
+        LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc "$state/verifier/test.sh") </dev/null 2>&1 & ;;
+    reward)
+      rc=3 f=$logs/verifier/reward.txt
+      if [ -f "$f" ] && [ ! -L "$f" ]; then head -c 64 -- "$f"; rc=0; fi
+      printf '\0%s %d\0' "$nonce" "$rc"
+      continue ;;
+    *) printf '\0%s %d\0' "$nonce" 2; continue ;;
+  esac
   pid=$!
   wait "$pid"; rc=$?
   while [ "$__interrupted" = 1 ]; do
@@ -59,6 +114,7 @@ while IFS=' ' read -r op nonce nbytes arg; do
     __kill_others
     wait "$pid"; rc=$?
   done
+  __kill_others  # the command is over: so is everything it started
   __restamp "$arg"
   printf '\0%s %d\0' "$nonce" "$rc"
 done

@@ -1,0 +1,146 @@
+"""How an episode's bubblewrap sandbox is built: its command line, mounts and environment.
+
+Nothing of the host's temp dirs is mounted: every writable place (/ itself, the workspace, /tmp,
+HOME, the harness's state, /tests, /logs, /dev/shm) is a size-limited tmpfs inside the sandbox, so the
+agent's writes are bounded in total and `/proc/self/mountinfo` names no host path. Small files
+(/etc/passwd, ...) and the supervisor's shell come in through file descriptors (`--ro-bind-data`).
+
+The supervisor (PID 1) runs from an execute-only copy of bash: a process whose executable it
+cannot read is made non-dumpable by the kernel, so the agent (same uid) can neither ptrace it nor
+read or write its memory through /proc/1/mem — it cannot stop, steer or impersonate PID 1.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import shutil
+from functools import lru_cache
+from importlib import resources
+
+NOBODY = 65534
+SANDBOX_UID = 1000
+# Any file time after this is a real (kernel) time, not one of ours, and gets re-stamped.
+HORIZON_SECONDS = 10_000_000
+STATE_DIR = "/run/obsspec-state"
+SUPERVISOR = "/run/obsspec/bash"
+HARNESS_TMPFS_MB = 16  # the state dir and /logs: small files of ours (shell state, reward)
+SHM_MB = 64
+ROOT_TMPFS_MB = 4
+
+_cpus = itertools.count()
+
+
+def script(name: str) -> str:
+    return resources.files("obsspec.env").joinpath("scripts", name).read_text()
+
+
+@lru_cache(maxsize=1)
+def faketime_lib() -> str:
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    return found[0] if found else ""
+
+
+@lru_cache(maxsize=1)
+def stdbuf_lib() -> str:
+    found = sorted(glob.glob("/usr/libexec/coreutils/libstdbuf.so") +
+                   glob.glob("/usr/lib/*/coreutils/libstdbuf.so"))
+    return found[0] if found else ""
+
+
+def next_cpu() -> int | None:
+    """The CPU for the next episode, round robin over the ones this process may use.
+
+    One CPU per episode: its processes then run one at a time, which takes most of the
+    scheduling races out of pipelines (which stage's error line comes first) and keeps an
+    episode from taking more than one core. It is a determinism measure, not a security one:
+    the agent may widen its own affinity again (`taskset`)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    return cpus[next(_cpus) % len(cpus)] if cpus else None
+
+
+def etc_files(hostname: str) -> dict[str, str]:
+    """/etc/passwd, group, hostname and hosts, so `ls -l` and `whoami` say `agent`."""
+    return {
+        "passwd": f"root:x:0:0:root:/root:/bin/bash\nagent:x:{SANDBOX_UID}:{SANDBOX_UID}:agent:"
+        f"/home/agent:/bin/bash\nnobody:x:{NOBODY}:{NOBODY}:nobody:/nonexistent:/usr/sbin/nologin\n",
+        "group": f"root:x:0:\nagent:x:{SANDBOX_UID}:\nnogroup:x:{NOBODY}:\n",
+        "hostname": hostname + "\n",
+        "hosts": f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n",
+    }
+
+
+def data_fd(data: bytes) -> int:
+    """A file descriptor to read `data` from (a pipe; the data must fit in its buffer)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, data)
+    finally:
+        os.close(w)
+    return r
+
+
+def argv(config, workdir: str, bwrap: str) -> tuple[list[str], list[int]]:
+    """(command line, file descriptors it reads) for one episode's sandbox."""
+    fds: list[int] = []
+    out: list[str] = []
+    cpu = next_cpu()
+    if cpu is not None and shutil.which("taskset"):
+        out += ["taskset", "-c", str(cpu)]
+    if os.geteuid() == 0:
+        # the kernel exempts root from RLIMIT_NPROC, and nothing inside keeps host privileges
+        out += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+    out += [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session", "--as-pid-1", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            "--hostname", config.hostname,
+            # a small tmpfs as / itself, before anything is mounted on it: the mount points stay
+            # re-stampable (the logical clock), and what the agent writes to / stays tiny
+            "--size", str(ROOT_TMPFS_MB << 20), "--tmpfs", "/", "--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
+        host = os.path.join("/", name)
+        if os.path.islink(host):
+            out += ["--symlink", os.readlink(host), host]
+        elif os.path.isdir(host):
+            out += ["--ro-bind", host, host]
+    out += ["--ro-bind", "/etc", "/etc"]
+    for name, text in etc_files(config.hostname).items():
+        fds.append(data_fd(text.encode()))
+        out += ["--ro-bind-data", str(fds[-1]), f"/etc/{name}"]
+    fds.append(os.open(os.path.realpath(shutil.which("bash") or "/bin/bash"), os.O_RDONLY))
+    out += ["--perms", "0111", "--ro-bind-data", str(fds[-1]), SUPERVISOR]
+
+    def tmpfs(mb: int, path: str) -> list[str]:
+        return ["--size", str(mb << 20), "--tmpfs", path]
+
+    out += ["--proc", "/proc", "--dev", "/dev", *tmpfs(SHM_MB, "/dev/shm"), "--remount-ro", "/dev",
+            *tmpfs(config.tmp_mb, "/tmp"), *tmpfs(config.home_mb, "/home/agent"),
+            *tmpfs(HARNESS_TMPFS_MB, STATE_DIR), *tmpfs(config.workspace_mb, workdir),
+            *tmpfs(config.home_mb, "/tests"), *tmpfs(HARNESS_TMPFS_MB, "/logs"),
+            "--chdir", workdir,
+            SUPERVISOR, "--noprofile", "--norc", "-c", script("supervisor.sh")]
+    return out, fds
+
+
+def env(config, workdir: str) -> dict[str, str]:
+    """The supervisor's environment (the runner removes the OBSSPEC_ variables for commands)."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+        "HOME": "/home/agent", "USER": "agent", "LOGNAME": "agent", "SHELL": "/bin/bash",
+        "HOSTNAME": config.hostname, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC",
+        "TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
+        "OBSSPEC_WORKDIR": workdir,
+        "OBSSPEC_STATE_DIR": STATE_DIR, "OBSSPEC_TESTS_DIR": "/tests", "OBSSPEC_LOGS_DIR": "/logs",
+        "OBSSPEC_RUNNER": script("runner.sh"),
+        "OBSSPEC_MAX_PROCS": str(config.max_procs),
+        "OBSSPEC_MEMORY_KB": str(config.memory_mb * 1024),
+        "OBSSPEC_FILE_BLOCKS": str(config.max_file_mb * 2048),  # ulimit -f counts 512-byte blocks
+        "OBSSPEC_DETERMINISTIC": "1" if config.deterministic else "0",
+        "OBSSPEC_CLOCK_START": str(config.clock_start),
+        "OBSSPEC_HORIZON": str(config.clock_start + HORIZON_SECONDS),
+        "OBSSPEC_FAKETIME_LIB": faketime_lib() if config.deterministic else "",
+        "OBSSPEC_STDBUF_LIB": stdbuf_lib() if config.deterministic else "",
+    }

@@ -283,7 +283,7 @@ def simulate_cmd(
     preset: str = typer.Option("", "--preset", help="Start from h100-8b, h100-32b or cpu-tiny (docs/REPORT.md)."),
     from_run: str = typer.Option("", "--from", help="A rollout run (--mode both): its measured latencies, "
                                                     "token counts, hit rates and engine speed."),
-    out: str = typer.Option("", "--out", help="Output directory (default: RUN_DIR/simulate)."),
+    out: str = typer.Option("", "--out", help="Output directory (default: runs/simulate)."),
     threshold: float = typer.Option(0.02, "--threshold", help="|reduction| below this is 'neutral'."),
     explain_keys: bool = typer.Option(False, "--explain", help="List every simulator key with its default."),
 ):

@@ -64,6 +64,8 @@ def test_wasted_tokens_and_hits_agree_with_the_rollout_summary(run):
     wasted = data.wasted_tokens("speculative")
     assert sum(sum(d.values()) for d in wasted.values()) == spec["spec/policy_tokens_discarded"] > 0
     assert {r for d in wasted.values() for r in d} == {"rollback"}  # the oracle spoils every other draft
+    wm = data.wm_tokens_unmatched("speculative")
+    assert sum(wm.values()) == spec["spec/wm_tokens_total"] - spec["spec/wm_tokens_matched"]  # 0 for an oracle
     hits = data.hits_over_time("speculative")
     assert sum(m for _, _, m in hits) / len(hits) == pytest.approx(spec["spec/exact_frac"])
 

@@ -152,6 +152,16 @@ class RunData:
                 d[ev.get("reason") or "cancelled"] = d.get(ev.get("reason") or "cancelled", 0) + ev.get("tokens", 0)
         return out
 
+    def wm_tokens_unmatched(self, mode: str) -> dict[int, int]:
+        """episode -> world-model tokens generated for drafts that were not kept."""
+        out: dict[int, int] = {}
+        for ev in self.traces.get(mode, []):
+            if ev["kind"] == "wm_draft":
+                out[ev["episode"]] = out.get(ev["episode"], 0) + ev.get("tokens", 0)
+            elif ev["kind"] == "match":
+                out[ev["episode"]] = out.get(ev["episode"], 0) - ev.get("draft_tokens", 0)
+        return out
+
     def hits_over_time(self, mode: str) -> list[tuple[float, str, bool]]:
         """(time, command class, matched) for every draft compared with the real observation."""
         commands = {}

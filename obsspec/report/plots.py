@@ -147,24 +147,28 @@ def timeline(run, path: str, n: int = 4) -> str | None:
 
 
 def wasted_tokens(run, path: str) -> str | None:
-    wasted = run.wasted_tokens(run.main_mode)
-    if not wasted:
+    wasted, wm = run.wasted_tokens(run.main_mode), run.wm_tokens_unmatched(run.main_mode)
+    if not wasted and not any(wm.values()):
         return None
     plt = _plt()
-    eps = sorted(wasted)
+    eps = sorted(set(wasted) | set(wm))
     reasons = sorted({r for d in wasted.values() for r in d})
     fig, ax = plt.subplots(figsize=(max(6, 0.28 * len(eps) + 2), 3.4))
+    xs = list(range(len(eps)))
     bottom = [0] * len(eps)
     for reason in reasons:
-        ys = [wasted[e].get(reason, 0) for e in eps]
-        ax.bar(range(len(eps)), ys, bottom=bottom, label=reason)
+        ys = [wasted.get(e, {}).get(reason, 0) for e in eps]
+        ax.bar([x - 0.18 for x in xs], ys, width=0.36, bottom=bottom, label=f"policy: {reason}")
         bottom = [b + y for b, y in zip(bottom, ys)]
-    ax.set_xticks(range(len(eps)), [str(e) for e in eps], fontsize=6)
+    ax.bar([x + 0.18 for x in xs], [wm.get(e, 0) for e in eps], width=0.36, color=COLORS["world_model"],
+           hatch="//", label="world model: drafts not kept")
+    ax.set_xticks(xs, [str(e) for e in eps], fontsize=6)
     ax.set_xlabel("episode")
-    ax.set_ylabel("policy tokens wasted")
+    ax.set_ylabel("tokens wasted")
     ax.legend(fontsize=7)
     _save(fig, path)
-    return f"Speculative policy tokens computed and thrown away, per episode, by why they were cancelled (total {sum(bottom)})."
+    return (f"Tokens computed and thrown away per episode: speculative policy tokens by why they were cancelled "
+            f"(total {sum(bottom)}), and world-model tokens of drafts that were not kept (total {sum(wm.values())}).")
 
 
 def spec_vs_seq(run, path: str) -> str | None:

@@ -38,7 +38,7 @@ class FakeTool:
     async def start(self):
         pass
 
-    async def run(self, command: str, turn: int) -> ToolResult:
+    async def run(self, command: str, turn: int, timeout: float | None = None) -> ToolResult:
         await asyncio.sleep(self.seconds)
         return ToolResult(f"output of {command}\n(exit_code=0)", 0, self.seconds)
 

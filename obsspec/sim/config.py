@@ -190,6 +190,11 @@ def _set(obj, path: list[str], raw: str, full: str):
 def _coerce(value, kind: type, key: str):
     if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if kind is float and isinstance(value, str):  # YAML reads 1e12 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if kind is str and value is not None and not isinstance(value, (list, dict)):
         return str(value)
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):

@@ -8,6 +8,7 @@ from collections import Counter
 COLORS = {"generation": "#4c72b0", "tool": "#dd8452", "blocked": "#c44e52", "other": "#bbbbbb",
           "world_model": "#8172b3", "overlap": "#55a868"}
 LANES = ["policy", "tool", "world model", "speculative"]
+MAX_BARS = 64  # per-episode bar charts show at most this many episodes (the first ones)
 
 
 def _plt():
@@ -81,6 +82,8 @@ def latency_breakdown(run, path: str) -> str | None:
     parts = run.breakdown(mode)
     if not parts:
         return None
+    shown = f" (first {MAX_BARS} of {len(parts)} episodes)" if len(parts) > MAX_BARS else ""
+    parts = parts[:MAX_BARS]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6, 0.28 * len(parts) + 2), 3.8))
     xs = list(range(len(parts)))
@@ -101,7 +104,7 @@ def latency_breakdown(run, path: str) -> str | None:
     ax.set_ylabel("seconds")
     ax.legend(fontsize=7, ncol=3)
     _save(fig, path)
-    return (f"Latency per trajectory ({mode}): committed generation + tool + blocked on a matched speculation + "
+    return (f"Latency per trajectory ({mode}){shown}: committed generation + tool + blocked on a matched speculation + "
             "other (sandbox start, scheduling) stack to the episode's latency; thin bars are work hidden behind the "
             "tool (world model, kept speculative generation). Black ticks: the same episode run sequentially.")
 
@@ -152,6 +155,8 @@ def wasted_tokens(run, path: str) -> str | None:
         return None
     plt = _plt()
     eps = sorted(set(wasted) | set(wm))
+    shown = f" (first {MAX_BARS} of {len(eps)} episodes)" if len(eps) > MAX_BARS else ""
+    eps = eps[:MAX_BARS]
     reasons = sorted({r for d in wasted.values() for r in d})
     fig, ax = plt.subplots(figsize=(max(6, 0.28 * len(eps) + 2), 3.4))
     xs = list(range(len(eps)))
@@ -167,8 +172,9 @@ def wasted_tokens(run, path: str) -> str | None:
     ax.set_ylabel("tokens wasted")
     ax.legend(fontsize=7)
     _save(fig, path)
-    return (f"Tokens computed and thrown away per episode: speculative policy tokens by why they were cancelled "
-            f"(total {sum(bottom)}), and world-model tokens of drafts that were not kept (total {sum(wm.values())}).")
+    return (f"Tokens computed and thrown away per episode{shown}: speculative policy tokens by why they were cancelled "
+            f"(total {sum(sum(d.values()) for d in wasted.values())}), and world-model tokens of drafts that were "
+            f"not kept (total {sum(wm.values())}).")
 
 
 def spec_vs_seq(run, path: str) -> str | None:

@@ -67,9 +67,9 @@ def run(task_list, speculative, predictor=None, group=1, executed=None, token_de
         if executed is not None:
             original = tool.run
 
-            async def run_and_record(command, turn):
+            async def run_and_record(command, turn, timeout=None):
                 executed.append((episode, command))
-                return await original(command, turn)
+                return await original(command, turn, timeout=timeout)
 
             tool.run = run_and_record
         return tool

@@ -109,8 +109,14 @@ class WorldModelPredictor:
                 seed=derive_seed(self.seed, "wm", request.episode, request.turn, k),
                 stop_token_ids=self.fmt.wm_stop_token_ids, stop_strings=self.fmt.wm_stop_strings,
                 adapter=self.adapter))
-        # Cancelling this coroutine cancels the gather, and with it every engine request.
-        generations = await asyncio.gather(*(self.engine.generate(r) for r in requests))
+        # A task group: cancelling this coroutine cancels every engine request, and so does one
+        # request failing (a plain gather would leave its siblings running, unowned).
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self.engine.generate(r)) for r in requests]
+        except BaseExceptionGroup as eg:
+            raise eg.exceptions[0] from None  # the first failure, as the scheduler expects it
+        generations = [t.result() for t in tasks]
         # A generation that never closed the observation (hit max_tokens, or stopped on a bare
         # closing tag) cannot match anything: it comes back with body None, to be counted.
         return [Draft(chat.split_draft(self.fmt.decode(g.token_ids)), len(g.token_ids)) for g in generations]

@@ -19,21 +19,33 @@ call is itself given a draft observation and a speculative next action, up to d 
 the committed history; a match at turn t carries the speculation made for turn t+1 forward, and
 it is verified against turn t+1's real observation in the same way. A rollback drops everything
 built on the rejected draft.
+
+Failures and cancellation (structured: every task an episode starts belongs to its `_Scope` and
+is finished — committed, cancelled with a reason, or failed — before the episode returns):
+- declared infrastructure failures (`INFRA_ERRORS`: the sandbox died or timed out on us, the
+  engine closed, a replay diverged) end the episode with `infra_error` and reward None;
+- any other exception is a bug of ours: the episode cleans up and re-raises it, traceback kept;
+- an outer cancellation (Ctrl-C, a timeout around a training step) propagates, after the same
+  cleanup, which a second cancellation cannot cut short (the sandbox is always closed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from obsspec import chat
-from obsspec.engines.base import Generation, GenerationRequest
+from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest
+from obsspec.env.sandbox import SandboxError
 from obsspec.env.task import Task
 from obsspec.rollout.events import EventBus
 from obsspec.rollout.predictors import Draft, Predictor, PredictRequest, derive_seed
-from obsspec.rollout.tools import Tool
+from obsspec.rollout.tools import ReplayDiverged, Tool
 from obsspec.rollout.trajectory import Trajectory, Turn
+
+# The failures that are not the agent's and not ours to fix in code: the episode is excluded.
+INFRA_ERRORS: tuple[type[BaseException], ...] = (SandboxError, EngineClosedError, ReplayDiverged)
 
 
 @dataclass(frozen=True)
@@ -46,7 +58,7 @@ class Sampling:
     seed: int = 0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Speculation:
     """One draft observation for turn `turn - 1` and the speculative action of `turn` on it."""
 
@@ -57,6 +69,36 @@ class _Speculation:
     request_id: str = ""                # "" when no action is generated (last turn, no budget)
     task: asyncio.Task | None = None    # -> Generation
     deeper: asyncio.Task | None = None  # -> list[_Speculation] for the next turn (depth > 1)
+    scope: "_Scope | None" = None       # the episode that owns it
+
+
+@dataclass(eq=False)
+class _Scope:
+    """What one episode has started: every task, and every speculation not yet ended."""
+
+    max_turns: int
+    tasks: set[asyncio.Task] = field(default_factory=set)
+    open: set[_Speculation] = field(default_factory=set)
+
+    def spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+
+async def _to_the_end(coro):
+    """Run `coro` to completion even if we are cancelled meanwhile (then re-raise the cancel)."""
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return task.result()
 
 
 class Scheduler:
@@ -70,17 +112,20 @@ class Scheduler:
 
     # -- one episode ------------------------------------------------------------------------------
     async def run_episode(self, task: Task, episode: int, tool: Tool, speculative: bool) -> Trajectory:
-        fmt, s = self.fmt, self.sampling
+        fmt = self.fmt
+        # the task's own turn limit (Task.max_turns) binds when it is the tighter one
+        scope = _Scope(max_turns=min(self.sampling.max_turns, task.max_turns))
         traj = Trajectory.start(episode, task.task_id, fmt.prompt_ids(task.instruction))
         task_key = task.content_hash()
         commands: list[str] = []
         pending: _Speculation | None = None  # the committed speculative generation for this turn
         carried: asyncio.Task | None = None  # speculation already made for this turn (depth > 1)
         self.bus.emit("episode_start", episode, 0, task_id=task.task_id, speculative=speculative)
+        how = "episode_end"
         try:
             await tool.start()
             t0 = self.bus.now()
-            for turn in range(s.max_turns):
+            for turn in range(scope.max_turns):
                 if pending is not None:
                     gen, carried, pending = await self._collect(pending), pending.deeper, None
                 else:
@@ -105,9 +150,9 @@ class Scheduler:
                 request = PredictRequest(task_key, task.task_id, episode, turn, tuple(commands),
                                          tuple(traj.ids) + tuple(fmt.obs_prefix_ids))
                 if speculative and self.predictor is not None:
-                    branch = carried or asyncio.ensure_future(self._branch(list(traj.ids), request, self.depth))
+                    branch = carried or scope.spawn(self._branch(list(traj.ids), request, self.depth, scope))
                     carried = None
-                    result, pending, outcome = await self._speculate(branch, tool, action, episode, turn)
+                    result, pending, outcome = await self._speculate(scope, branch, tool, action, episode, turn)
                 else:
                     result, outcome = await self._execute(tool, action, episode, turn), ""
                 if self.predictor is not None:
@@ -118,19 +163,46 @@ class Scheduler:
                                        result.seconds, outcome))
             traj.latency_sec = self.bus.now() - t0
             traj.reward = await tool.reward()
-        except Exception as e:  # infrastructure failure: excluded from training, never scored 0
+        except INFRA_ERRORS as e:  # excluded from training, never scored 0
             traj.infra_error = f"{type(e).__name__}: {e}"
             traj.reward = None
+        except asyncio.CancelledError:
+            how = "cancelled"
+            raise
+        except Exception as e:  # a bug of ours: clean up, then fail loudly
+            how, traj.reward = "failed", None
+            traj.infra_error = f"bug: {type(e).__name__}: {e}"
+            raise
         finally:
+            await _to_the_end(self._finish(scope, tool, traj, pending, carried, how))
+        return traj
+
+    async def _finish(self, scope: _Scope, tool: Tool, traj: Trajectory, pending, carried, how: str) -> None:
+        """End every request the episode started, stop every task, close the tool, report."""
+        reason = "episode_end" if how == "episode_end" else "cancelled"
+        try:
             if pending is not None:
-                await self._cancel(pending, "episode_end")
+                await self._cancel(pending, reason)
             if carried is not None:
-                await self._drop(carried, "episode_end")
+                await self._drop(carried, reason)
+            while scope.open or scope.tasks:
+                for spec in list(scope.open):
+                    await self._cancel(spec, reason)
+                for t in list(scope.tasks):
+                    t.cancel(reason)
+                if scope.tasks:
+                    # (a branch that finished meanwhile has opened speculations: loop again)
+                    done, _ = await asyncio.wait(set(scope.tasks))
+                    scope.tasks -= done
+                    bugs = [t.exception() for t in done if not t.cancelled() and t.exception() is not None
+                            and not isinstance(t.exception(), INFRA_ERRORS)]
+                    if bugs and how == "episode_end":
+                        raise bugs[0]
+        finally:
             await tool.close()
-            self.bus.emit("episode_end", episode, len(traj.turns), reward=traj.reward,
+            self.bus.emit("episode_end", traj.episode, len(traj.turns), reward=traj.reward,
                           turns=len(traj.turns), latency_sec=traj.latency_sec,
                           infra_error=traj.infra_error)
-        return traj
 
     # -- pieces -------------------------------------------------------------------------------------
     def _budget(self, context_len: int) -> int:
@@ -156,26 +228,29 @@ class Scheduler:
 
     async def _execute(self, tool: Tool, action: chat.Action, episode: int, turn: int):
         self.bus.emit("exec_start", episode, turn, command=action.command)
-        result = await tool.run(action.command, turn)
+        # the tool call's own timeout reaches the sandbox (which clamps it to its limit)
+        result = await tool.run(action.command, turn, timeout=action.timeout)
         self.bus.emit("exec_done", episode, turn, seconds=result.seconds, exit_code=result.exit_code)
         return result
 
-    async def _speculate(self, branch: asyncio.Task, tool: Tool, action: chat.Action, episode: int, turn: int):
+    async def _speculate(self, scope: _Scope, branch: asyncio.Task, tool: Tool, action: chat.Action,
+                         episode: int, turn: int):
         """Run the command while `branch` (-> drafts with speculative next actions) works; then
         keep the speculation whose draft equals the real observation, if any."""
-        exec_task = asyncio.ensure_future(self._execute(tool, action, episode, turn))
+        exec_task = scope.spawn(self._execute(tool, action, episode, turn))
         try:
             await asyncio.wait({exec_task, branch}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            exec_task.cancel()
-            asyncio.ensure_future(self._drop(branch, "cancelled"))
+            exec_task.cancel()  # the episode's cleanup ends the branch and its requests
             raise
         specs: list[_Speculation] = []
         if not branch.done():
-            await self._drop(branch, "exec_won")
+            # the tool finished first; if it failed, the prediction did not lose a race
+            failed = not exec_task.cancelled() and exec_task.exception() is not None
+            await self._drop(branch, "tool_failed" if failed else "exec_won")
             outcome = "exec_won"
         else:
-            specs = branch.result()  # _branch never raises: a failed prediction is no draft
+            specs = branch.result()  # _branch raises only for a bug (caught by the episode)
             outcome = "pending" if specs else "no_draft"
         try:
             result = await exec_task
@@ -200,10 +275,13 @@ class Scheduler:
                       pending=matched.task is not None and not matched.task.done())
         return result, (matched if matched.task is not None else None), "match"
 
-    async def _branch(self, prefix_ids: list[int], request: PredictRequest, depth: int) -> list[_Speculation]:
+    async def _branch(self, prefix_ids: list[int], request: PredictRequest, depth: int,
+                      scope: _Scope | None = None) -> list[_Speculation]:
         """Ask the predictor for turn `request.turn`'s observation; on each distinct draft start the
-        speculative action of the next turn (and, with depth left, speculate beyond it)."""
-        episode, turn, s = request.episode, request.turn, self.sampling
+        speculative action of the next turn (and, with depth left, speculate beyond it). The
+        speculations belong to `scope` (the episode's; a test may leave it to a fresh one)."""
+        scope = scope or _Scope(max_turns=self.sampling.max_turns)
+        episode, turn = request.episode, request.turn
         wm_id = f"wm-{episode}-{turn}-{next(self._wm_ids)}"
         self.bus.emit("wm_start", episode, turn, request_id=wm_id)
         try:
@@ -214,9 +292,12 @@ class Scheduler:
                 self.bus.emit("exec_won", episode, turn, request_id=wm_id)
             self._end(wm_id, "wm", "cancelled", episode, turn, reason=reason)
             raise
-        except Exception as e:
+        except INFRA_ERRORS as e:  # the world model's engine failed: no draft, the episode goes on
             self._end(wm_id, "wm", "failed", episode, turn, reason=repr(e))
             return []
+        except BaseException as e:  # a bug: accounted for, then loud
+            self._end(wm_id, "wm", "failed", episode, turn, reason=repr(e))
+            raise
         drafts = self._distinct(raw)
         tokens = sum(d.tokens for d in raw)
         self.bus.emit("wm_draft", episode, turn, request_id=wm_id, drafts=len(drafts), tokens=tokens,
@@ -224,21 +305,22 @@ class Scheduler:
         self._end(wm_id, "wm", "committed", episode, turn, tokens=tokens)
         specs = []
         for k, (draft, ids, body) in enumerate(drafts):
-            spec = _Speculation(draft, ids[body], episode, turn + 1)
+            spec = _Speculation(draft, ids[body], episode, turn + 1, scope=scope)
             prompt = list(prefix_ids) + ids
-            if turn + 1 < s.max_turns and self._budget(len(prompt)) > 0:
+            if turn + 1 < scope.max_turns and self._budget(len(prompt)) > 0:
                 # Low priority: speculation only uses compute that committed work leaves idle.
                 req = self._request(prompt, episode, turn + 1, priority=1)
                 self.bus.emit("spec_start", episode, turn + 1, request_id=req.request_id, draft=k)
                 spec.request_id = req.request_id
-                spec.task = asyncio.ensure_future(self._generate(prompt, episode, turn + 1, True, req))
+                spec.task = scope.spawn(self._generate(prompt, episode, turn + 1, True, req))
+                scope.open.add(spec)
                 if depth > 1:
-                    spec.deeper = asyncio.ensure_future(self._deeper(prompt, spec.task, request, depth - 1))
+                    spec.deeper = scope.spawn(self._deeper(scope, prompt, spec.task, request, depth - 1))
             specs.append(spec)  # with no task, the draft is still compared (nothing follows it)
         return specs
 
-    async def _deeper(self, prompt: list[int], gen_task: asyncio.Task, request: PredictRequest,
-                      depth: int) -> list[_Speculation]:
+    async def _deeper(self, scope: _Scope, prompt: list[int], gen_task: asyncio.Task,
+                      request: PredictRequest, depth: int) -> list[_Speculation]:
         """Once a speculative action exists, speculate on its observation in turn (depth > 1)."""
         await asyncio.wait({gen_task})  # waits without cancelling the generation if we are cancelled
         if gen_task.cancelled() or gen_task.exception() is not None:
@@ -250,10 +332,19 @@ class Scheduler:
         ids = prompt + list(gen.token_ids)
         nxt = PredictRequest(request.task_key, request.task_id, request.episode, request.turn + 1,
                              request.commands + (action.command,), tuple(ids) + tuple(self.fmt.obs_prefix_ids))
-        return await self._branch(ids, nxt, depth)
+        return await self._branch(ids, nxt, depth, scope)
 
     async def _collect(self, spec: _Speculation) -> Generation:
-        gen = await spec.task
+        scope = spec.scope
+        try:
+            gen = await spec.task
+        except asyncio.CancelledError:
+            raise  # (the episode is being cancelled: its cleanup ends this request)
+        except BaseException as e:
+            scope.open.discard(spec)
+            self._end(spec.request_id, "policy", "failed", spec.episode, spec.turn, reason=repr(e))
+            raise
+        scope.open.discard(spec)
         self._end(spec.request_id, "policy", "committed", spec.episode, spec.turn, tokens=len(gen.token_ids))
         return gen
 
@@ -261,28 +352,34 @@ class Scheduler:
         """Cancel a branch and everything speculated on it."""
         if not branch.done():
             branch.cancel(reason)
-        (specs,) = await asyncio.gather(branch, return_exceptions=True)
-        for spec in specs if isinstance(specs, list) else ():
+        await asyncio.wait({branch})  # raises only if we are cancelled ourselves
+        specs = [] if branch.cancelled() or branch.exception() is not None else branch.result()
+        for spec in specs:
             await self._cancel(spec, reason)
+        if not branch.cancelled() and branch.exception() is not None:
+            raise branch.exception()  # a bug in _branch (a failing predictor is no exception)
 
     async def _cancel(self, spec: _Speculation, reason: str) -> None:
+        scope = spec.scope
         if spec.deeper is not None:
             await self._drop(spec.deeper, reason)
-        if spec.task is None:
-            return
-        tokens = 0
+        if spec.task is None or spec not in scope.open:
+            return  # no request, or its end is already told
         if not spec.task.done():
             cancel = getattr(self.policy, "cancel", None)
             if not (cancel and cancel(spec.request_id)):
                 spec.task.cancel()
-        try:
-            gen = await spec.task
-            tokens = len(gen.token_ids)
-        except asyncio.CancelledError:
-            pass
-        except Exception as e:
-            self._end(spec.request_id, "policy", "failed", spec.episode, spec.turn, reason=repr(e))
+        # asyncio.wait never raises the generation's own CancelledError: one raised here is ours
+        await asyncio.wait({spec.task})
+        scope.open.discard(spec)
+        if spec.task.cancelled():
+            tokens = 0
+        elif spec.task.exception() is not None:
+            self._end(spec.request_id, "policy", "failed", spec.episode, spec.turn,
+                      reason=repr(spec.task.exception()))
             return
+        else:
+            tokens = len(spec.task.result().token_ids)
         self._end(spec.request_id, "policy", "cancelled", spec.episode, spec.turn, reason=reason, tokens=tokens)
 
     def _end(self, request_id: str, role: str, outcome: str, episode: int, turn: int,
@@ -307,7 +404,8 @@ class Scheduler:
     # -- a batch ------------------------------------------------------------------------------------
     async def run_batch(self, tasks: list[Task], make_tool, speculative: bool,
                         concurrency: int = 0, first_episode: int = 0) -> list[Trajectory]:
-        """Episodes `first_episode + i` for tasks[i], all at once (or `concurrency` at a time)."""
+        """Episodes `first_episode + i` for tasks[i], all at once (or `concurrency` at a time).
+        A bug in one episode (or a cancellation from outside) stops all of them, each cleaned up."""
         gate = asyncio.Semaphore(concurrency or len(tasks) or 1)
 
         async def one(i: int, task: Task) -> Trajectory:
@@ -315,4 +413,16 @@ class Scheduler:
                 episode = first_episode + i
                 return await self.run_episode(task, episode, make_tool(task, episode), speculative)
 
-        return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
+        runs = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(tasks)]
+        try:
+            await asyncio.wait(runs, return_when=asyncio.FIRST_EXCEPTION) if runs else None
+        finally:
+            stopped = [r for r in runs if not r.done()]
+            for r in stopped:
+                r.cancel()
+            if stopped:
+                await _to_the_end(asyncio.wait(stopped))
+        for r in runs:
+            if not r.cancelled() and r.exception() is not None:
+                raise r.exception()
+        return [r.result() for r in runs]

@@ -52,7 +52,8 @@ class ToolResult:
 
 class Tool(Protocol):
     async def start(self) -> None: ...
-    async def run(self, command: str, turn: int) -> ToolResult: ...
+    async def run(self, command: str, turn: int, timeout: float | None = None) -> ToolResult:
+        """`timeout`: the tool call's own limit in seconds (None: the configured one)."""
     async def reward(self) -> float | None: ...
     async def close(self) -> None: ...
 
@@ -65,8 +66,8 @@ class SandboxTool:
     async def start(self) -> None:
         self.sandbox = await start_sandbox(self.task, self.config)
 
-    async def run(self, command: str, turn: int) -> ToolResult:
-        result = await self.sandbox.run(command)
+    async def run(self, command: str, turn: int, timeout: float | None = None) -> ToolResult:
+        result = await self.sandbox.run(command, timeout_s=timeout)  # clamped to config.timeout_s
         extra = self.latency.sample(self.episode, turn)
         if extra:
             await asyncio.sleep(extra)
@@ -78,6 +79,7 @@ class SandboxTool:
     async def close(self) -> None:
         if self.sandbox is not None:
             await self.sandbox.close()
+            self.sandbox = None
 
 
 class ReplayDiverged(RuntimeError):
@@ -92,7 +94,7 @@ class ReplayTool:
     async def start(self) -> None:
         pass
 
-    async def run(self, command: str, turn: int) -> ToolResult:
+    async def run(self, command: str, turn: int, timeout: float | None = None) -> ToolResult:
         rec = self.turns[turn] if turn < len(self.turns) else None
         if rec is None or rec["kind"] != "bash" or rec["command"] != command:
             raise ReplayDiverged(f"turn {turn}: the recording has no command {command!r} here")

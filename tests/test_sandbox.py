@@ -227,11 +227,15 @@ def test_missing_bwrap_is_a_clear_error(monkeypatch):
         check_bwrap()
 
 
-def test_unsandboxed_mode_only_when_asked_and_warns():
+def test_unsandboxed_mode_only_when_asked_and_warns(tmp_path):
     cfg = SandboxConfig(isolation="none", timeout_s=3)
+    host_file = tmp_path / "host.txt"  # (under the host's /tmp)
+    host_file.write_text("x")
+    before = os.stat(host_file).st_mtime
     with pytest.warns(UserWarning, match="UNSANDBOXED"):
         r = run(session(["cd sub 2>/dev/null || mkdir sub && cd sub; export A=1", "echo $A; basename $PWD", "sleep 30"], config=cfg))
     assert text(r[1]) == "1\nsub\n" and r[2].timed_out
+    assert os.stat(host_file).st_mtime == before, "unsandboxed re-stamping touched the host's /tmp"
 
 
 def test_random_is_seeded_by_the_logical_clock():

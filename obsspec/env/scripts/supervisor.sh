@@ -45,8 +45,9 @@ __restamp() {
   # Files the kernel stamped with the real time get the episode's logical clock instead, so that
   # `ls -l` and `find -newer` print the same thing in every episode.
   [ "$OBSSPEC_DETERMINISTIC" = 1 ] || return 0
-  local roots=("$OBSSPEC_WORKDIR" /tmp "$HOME")
-  [ $$ = 1 ] && roots+=(/)
+  # Unsandboxed (not PID 1), /tmp and HOME are the host's: only the workspace is ours to touch.
+  local roots=("$OBSSPEC_WORKDIR")
+  [ $$ = 1 ] && roots+=(/tmp "$HOME" /)
   find "${roots[@]}" -xdev -newermt "@$OBSSPEC_HORIZON" \
     -exec touch -h -d "@$1" {} + 2>/dev/null
 }
@@ -57,8 +58,9 @@ __unlink_aliases() {
   # A symlink the agent left that leads into the verifier's files (/tests, /logs), the harness's
   # state or /proc (/proc/self/fd/N, /proc/self/root/...) would let the verifier compare an
   # expected file with itself: such links are removed before the verifier runs.
-  local link
-  find "$OBSSPEC_WORKDIR" /tmp "$HOME" -xdev -type l -print0 2>/dev/null |
+  local link roots=("$OBSSPEC_WORKDIR")
+  [ $$ = 1 ] && roots+=(/tmp "$HOME")  # (unsandboxed, /tmp is the host's)
+  find "${roots[@]}" -xdev -type l -print0 2>/dev/null |
     while IFS= read -r -d '' link; do
       case $(realpath -m -- "$link") in
         /tests|/tests/*|/logs|/logs/*|/proc|/proc/*|/dev/fd|/dev/fd/*|/run|/run/*) rm -f -- "$link" ;;

@@ -88,6 +88,23 @@ def test_symlinks_into_the_verifiers_files_are_removed():
     assert reward(hello, hello.solution) == 1.0
 
 
+def test_what_the_agent_added_to_root_is_gone_when_the_verifier_runs():
+    plant = ("for p in /pytest.ini /conftest.py /home/x /run/x; do echo '[pytest]' > $p; done; "
+             "mkdir -p /evil/d; touch /evil/d/f; ls -A / | wc -l")
+    check = ("for p in /pytest.ini /conftest.py /home/x /run/x /evil; do [ -e $p ] && exit 1; done; "
+             "[ -z \"$(ls -A $TMPDIR)\" ] && [ -z \"$(ls -A $HOME)\" ] && [ \"$TMPDIR\" != /tmp ]")
+
+    async def go():
+        async with Sandbox(CFG) as sb:
+            await sb.start()
+            planted = await sb.run(plant)
+            return planted, await sb.verify(check)
+
+    planted, got = asyncio.run(go())
+    assert planted.exit_code == 0
+    assert got == 1.0, "files the agent put in / (or its HOME/TMPDIR) were visible to the verifier"
+
+
 def test_a_fifo_or_a_huge_file_is_the_agents_failure_not_ours():
     task = task_by_id("json-edit-00004")
     path = next(iter(task.files))

@@ -6,9 +6,10 @@
 #   OP=raw    : a harness script (the task's setup), run in a fresh bash with cwd = workdir.
 #   OP=untar  : the payload is a tar archive, extracted into directory ARG (task files, /tests).
 #   OP=reset  : before verification: kill every other process and check that none is left;
-#               empty /tests, /logs and the state dir; rc 1 if a process survived.
-#   OP=verify : the task's verifier, in a fresh bash with cwd = workdir, an empty HOME and a
-#               Python that ignores cwd, PYTHONPATH and user site-packages.
+#               empty /tests, /logs and the state dir, remove what the agent added to / and
+#               symlinks into the verifier's files; rc 1 if a process survived.
+#   OP=verify : the task's verifier, in a fresh bash with cwd = workdir, an empty HOME and
+#               TMPDIR, and a Python that ignores cwd, PYTHONPATH and user site-packages.
 #   OP=reward : print the first bytes of /logs/verifier/reward.txt (rc 3 if it is not a file).
 # Everything a request prints (stdout and stderr merged) goes to our stdout, followed by the
 # end marker \0NONCE RC\0. The harness reads until the marker, so no output is ever lost to a
@@ -54,6 +55,21 @@ __restamp() {
 
 __wipe() { find "$1" -mindepth 1 -delete 2>/dev/null; }
 
+# What / itself (a small tmpfs) held before the agent's first command: bwrap's mount points.
+declare -A __root_entries=()
+if [ $$ = 1 ]; then
+  while IFS= read -r -d '' __p; do __root_entries[$__p]=1; done < <(find / -xdev -mindepth 1 -print0 2>/dev/null)
+fi
+
+__sweep_root() {
+  # Whatever the agent added to / (/pytest.ini, /conftest.py, /home/x, /run/x, ...) is removed
+  # before the verifier runs: tools like pytest look for their configuration in / too.
+  local p
+  while IFS= read -r -d '' p; do
+    [ -n "${__root_entries[$p]}" ] || rm -rf -- "$p"
+  done < <(find / -xdev -mindepth 1 -depth -print0 2>/dev/null)
+}
+
 __unlink_aliases() {
   # A symlink the agent left that leads into the verifier's files (/tests, /logs), the harness's
   # state or /proc (/proc/self/fd/N, /proc/self/root/...) would let the verifier compare an
@@ -94,13 +110,14 @@ while IFS=' ' read -r op nonce nbytes arg; do
       fi
       __wipe "$tests"; __wipe "$logs"; __wipe "$state"
       __unlink_aliases
-      mkdir -p "$logs/verifier" "$state/home" "$state/verifier"
+      [ $$ = 1 ] && __sweep_root
+      mkdir -p "$logs/verifier" "$state/home" "$state/tmp" "$state/verifier"
       printf '\0%s %d\0' "$nonce" 0
       continue ;;
     verify)
       # Written only now, when no agent process is left to swap it or race on it.
       printf '%s' "$script" > "$state/verifier/test.sh"
-      (cd "$OBSSPEC_WORKDIR" && HOME=$state/home PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1 \
+      (cd "$OBSSPEC_WORKDIR" && HOME=$state/home TMPDIR=$state/tmp PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1 \
         LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc "$state/verifier/test.sh") </dev/null 2>&1 & ;;
     reward)
       rc=3 f=$logs/verifier/reward.txt

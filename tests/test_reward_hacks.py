@@ -79,6 +79,13 @@ def test_planted_and_background_rewards_do_not_count():
     assert reward(task, [writer, tests]) == 0.0, "a reward written by the agent counted"
 
 
+def test_a_fork_bomb_before_done_is_scored_not_excluded():
+    task = task_by_id("json-edit-00004")
+    bomb = ":(){ :|:& };:; (while :; do :; done) & disown"
+    assert reward(task, [*task.solution, bomb]) == 1.0, "a fork bomb spoiled an honest reward"
+    assert reward(task, [bomb]) == 0.0
+
+
 def test_symlinks_into_the_verifiers_files_are_removed():
     hello = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-hello-file"]
     for target in ("/tests/expected_hello.txt", "../tests/expected_hello.txt",

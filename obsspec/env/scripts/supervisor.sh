@@ -36,6 +36,18 @@ __kill_others() {
     if [ $$ = 1 ]; then kill -KILL -1 || return 0; else kill -KILL -- "-$pid" || return 0; fi
   done
 }
+__others_alive() {
+  # Is any process but us still running? (Zombies not yet reaped run nothing: they don't count.)
+  # Builtins only: a forked helper would count itself.
+  local d st
+  for d in /proc/[0-9]*; do
+    [ "${d#/proc/}" = $$ ] && continue
+    { read -r st < "$d/stat"; } 2>/dev/null || continue  # gone meanwhile
+    st=${st##*) }
+    [ "${st%% *}" = Z ] || return 0
+  done
+  return 1
+}
 __interrupted=0
 trap '__interrupted=1' USR1
 
@@ -105,8 +117,8 @@ while IFS=' ' read -r op nonce nbytes arg; do
       (cd "$OBSSPEC_WORKDIR" && LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc "$state/cmd") </dev/null 2>&1 & ;;
     reset)
       if [ $$ = 1 ]; then  # (unsandboxed, each command's session was killed when it ended)
-        __kill_others
-        if kill -0 -1 2>/dev/null; then printf '\0%s %d\0' "$nonce" 1; continue; fi
+        for ((i = 0; i < 50; i++)); do __others_alive || break; __kill_others; done
+        if __others_alive; then printf '\0%s %d\0' "$nonce" 1; continue; fi
       fi
       __wipe "$tests"; __wipe "$logs"; __wipe "$state"
       __unlink_aliases

@@ -150,11 +150,12 @@ def test_cancel_at_every_await_point_of_a_turn_propagates_and_cleans_up(depth):
 
             async def go():
                 episode = asyncio.ensure_future(sched.run_episode(TASK, 0, tool, speculative=True))
-                seen = []
+                seen, fired = [], []
 
                 def on_event(e):
                     seen.append(e)
                     if len(seen) == k or (twice and len(seen) == k + 1):
+                        fired.append(e.kind)
                         asyncio.get_running_loop().call_soon(episode.cancel)
 
                 sched.bus.subscribe(on_event)
@@ -164,13 +165,14 @@ def test_cancel_at_every_await_point_of_a_turn_propagates_and_cleans_up(depth):
                     pass
                 await asyncio.sleep(0)
                 no_tasks_left()
-                return episode.cancelled()
+                # (timing varies the event count: a run may end before its k-th event)
+                return episode.cancelled() or not fired or fired[0] == "episode_end"
 
             cancelled = asyncio.run(go())
             ended = events[-1].kind == "episode_end"
             assert ended, f"k={k}: the episode did not report its end"
             assert tool.closed == 1, f"k={k} twice={twice}: tool closed {tool.closed} times"
-            assert cancelled or k >= n - 2, f"k={k}: the cancellation did not propagate"
+            assert cancelled, f"k={k}: the cancellation did not propagate"
             events.check_accounting()
 
 

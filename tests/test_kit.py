@@ -205,6 +205,41 @@ def test_a_training_step_changes_every_parameter(fmt, tokenizer, tmp_path):
         assert not torch.equal(p, before[name]), f"{name} did not change"
 
 
+def test_a_micro_policy_learns_to_copy_names_it_never_saw(tmp_path):
+    """Learning happened, and it is the kind the kit needs: copying a file name from the
+    instruction into the command. Held-out names are new combinations of known words (as val
+    tasks' names are); a model that only memorised its training names writes one of those."""
+    import random
+
+    adjectives, animals = ["red", "blue", "green", "gold", "grey", "pink"], ["fox", "owl", "elk", "cod", "bee", "ant"]
+    names = [f"{a}_{b}" for a in adjectives for b in animals]
+    random.Random(0).shuffle(names)
+    held_out, seen = names[:8], names[8:]
+    pair = lambda name: (f"Show /app/{name}.txt please.", f" cat {name}.txt\n")  # noqa: E731
+    tok = train_tokenizer(["".join(pair(n)) for n in names], vocab_size=300)
+
+    def row(name):
+        prompt, target = (tok.encode(t, add_special_tokens=False) for t in pair(name))
+        return {"input_ids": prompt + target, "completion_mask": [0] * len(prompt) + [1] * len(target)}
+
+    cfg = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
+                          intermediate_size=64, epochs=1000, max_steps=200, learning_rate=1e-2, batch_size=14)
+    model = tiny.build_model(cfg, tok, 64, seed=0)
+
+    def copied() -> int:
+        hits = 0
+        for name in held_out:
+            prompt, target = pair(name)
+            ids = tok.encode(prompt, add_special_tokens=False)
+            out = model.generate(torch.tensor([ids]), max_new_tokens=len(tok.encode(target)), do_sample=False)
+            hits += tok.decode(out[0, len(ids):].tolist()) == target
+        return hits
+
+    assert copied() == 0
+    warmstart.train(model, tok, [row(n) for n in seen], [], cfg, str(tmp_path / "t"), measure_train=False)
+    assert copied() >= 7, "the micro policy did not learn to copy unseen names from its instruction"
+
+
 def test_planned_steps_follow_epochs_and_the_cap():
     cfg = dataclasses.replace(TINY_MODEL, epochs=2.0, batch_size=4)
     assert warmstart.planned_steps(cfg, 10) == 6  # 3 batches per epoch

@@ -13,19 +13,24 @@ pytestmark = [pytest.mark.integration,
 MICRO = ["kit.vocab_size=600", "kit.max_length=1024"] + [
     f"kit.{m}.{k}={v}" for m in ("policy", "world_model") for k, v in
     (("hidden_size", 32), ("num_layers", 1), ("num_heads", 2), ("num_kv_heads", 1), ("head_dim", 16),
-     ("intermediate_size", 64), ("epochs", 0.3), ("batch_size", 4))]
+     ("intermediate_size", 64), ("epochs", 0.3), ("batch_size", 4))] + [
+    # enough for the micro policy to write bash calls (greedily), so there is something to speculate on
+    "kit.policy.hidden_size=64", "kit.policy.head_dim=32", "kit.policy.epochs=40",
+    "kit.policy.learning_rate=0.01", "policy.temperature=0"]
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("rollout")
     tasks = root / "tasks"
-    r = cli("prepare-tasks", "recipes/tiny-cpu.yaml", "tasks.num_instances=22",
+    r = cli("prepare-tasks", "recipes/tiny-cpu.yaml", "tasks.num_instances=12", "tasks.families=[count-lines]",
+            "tasks.val_fraction=0",
             "tasks.determinism_check=false", "--out", str(tasks), "--display", "none")
     assert r.returncode == 0, r.stderr[-2000:]
     common = ["recipes/tiny-cpu.yaml", f"rollout.tasks_dir={tasks}", f"rollout.kit_cache={root / 'kit'}",
               "rollout.split=train", "rollout.num_tasks=2", "rollout.group_size=2", "policy.max_turns=3",
-              "policy.max_new_tokens=48", "world_model.max_tokens=24", *MICRO]
+              "policy.max_new_tokens=48", "policy.max_context=1024", "sandbox.output_cap=200",
+              "world_model.max_tokens=264", *MICRO]
     r = cli("rollout", *common, "--mode", "both", "--out", str(root / "run"), "--display", "plain")
     assert r.returncode == 0, r.stderr[-3000:]
     return root, common, r
@@ -57,6 +62,14 @@ def test_replay_reuses_the_recorded_episodes(run_dir):
     again = [json.loads(x) for x in (root / "replay" / "trajectories-speculative.jsonl").read_text().splitlines()]
     assert replay["comparison"]["token_identical"] and replay["replay_of"] == str(root / "run")
     assert [t["ids"] for t in again] == [t["ids"] for t in original]
+    # Speculation really happened: the oracle's drafts arrived first, matched, and the policy's
+    # next actions were generated on them (token identity alone would also hold with it off).
+    spec = replay["modes"]["speculative"]
+    events = [json.loads(x) for x in (root / "replay" / "trace-speculative.jsonl").read_text().splitlines()]
+    starts = sum(e["kind"] == "spec_start" for e in events)
+    matches = sum(e["kind"] == "match" for e in events)
+    assert starts > 0 and matches > 0, f"no speculation happened: {starts} speculative starts, {matches} matches"
+    assert spec["spec/exact_frac"] == 1.0, "an oracle replay's drafts are the recorded observations"
 
 
 def test_rollout_bad_inputs_are_one_line(run_dir, tmp_path):

@@ -56,6 +56,26 @@ def test_metrics_from_a_known_event_sequence():
     assert s["latency_p50_sec"] == 2.0 and s["reward_mean"] == 1.0
 
 
+def test_a_world_model_whose_drafts_are_all_unusable_shows_a_zero_hit_rate():
+    """Arrivals with nothing usable count as misses: the hit rate cannot hide a failing model."""
+    m = SpecMetrics()
+    for turn in range(4):
+        m(ev("wm_start", turn, turn=turn, request_id=f"wm{turn}"))
+        m(ev("exec_start", turn, turn=turn))
+        m(ev("wm_draft", turn + 0.1, turn=turn, request_id=f"wm{turn}", drafts=0, tokens=3, unusable=1))
+        m(ev("exec_done", turn + 0.5, turn=turn, seconds=0.5, exit_code=0))
+    s = m.summary()
+    assert s["spec/exact_frac"] == 0.0, "four drafts arrived, none usable: 0 %, never '-'"
+    assert s["spec/unusable_frac"] == 1.0 and s["spec/rollback_frac"] == 0.0
+    assert s["spec/wm_sec_mean"] == pytest.approx(0.1) and s["tool_sec_mean"] == pytest.approx(0.5)
+    assert s["spec/wm_tool_ratio"] == pytest.approx(5.0)
+    # A predictor with nothing to say (history cache miss) is no draft at all, not a miss.
+    h = SpecMetrics()
+    h(ev("wm_start", 0, request_id="wm0"))
+    h(ev("wm_draft", 0.1, request_id="wm0", drafts=0, tokens=0, unusable=0))
+    assert h.summary()["spec/exact_frac"] is None
+
+
 class CannedEngine:
     """An engine that answers the k-th request of a prediction with texts[k]."""
 

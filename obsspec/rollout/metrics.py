@@ -2,9 +2,14 @@
 
     metrics = SpecMetrics(); bus.subscribe(metrics); ...; metrics.summary()
 
-- spec/exact_frac               matches / drafts that arrived before the tool
+- spec/exact_frac               matches / predictions that arrived before the tool, counting
+                                an arrival whose drafts were all unusable as a miss (so a world
+                                model that never closes an observation shows 0 %, not "-")
 - spec/exec_won_frac            world-model requests the tool beat / world-model requests
-- spec/rollback_frac            rollbacks / drafts that arrived before the tool
+- spec/rollback_frac            rollbacks / predictions that arrived before the tool
+- spec/unusable_frac            arrivals with only unusable drafts / arrivals before the tool
+- spec/wm_sec_mean, tool_sec_mean, spec/wm_tool_ratio
+                                mean draft time (start -> drafts), mean tool time, their ratio
 - spec/overlap_sec              speculative policy time that ran while the tool was running
 - spec/block_sec                time a committed speculative generation was still running
                                 after the tool finished (the turn waited on it)
@@ -42,6 +47,10 @@ class SpecMetrics:
         self.wm_tokens_total = 0
         self.wm_tokens_matched = 0
         self.wm_drafts_unusable = 0
+        self.arrived_unusable = 0            # predictions that arrived with nothing usable
+        self.wm_sec: list[float] = []
+        self.tool_sec: list[float] = []
+        self._wm_started: dict[str, float] = {}
         self.overlap_sec = 0.0
         self.block_sec = 0.0
         self._exec_done: dict[tuple[int, int], float] = {}
@@ -58,12 +67,15 @@ class SpecMetrics:
             self.running.pop(e.episode, None)
             self.latencies[e.episode] = d["latency_sec"]
             self.rewards[e.episode] = d["reward"]
-        elif e.kind in ("policy_start", "exec_start", "wm_start"):
+        if e.kind == "wm_start":
+            self._wm_started[d["request_id"]] = e.t
+        if e.kind in ("policy_start", "exec_start", "wm_start"):
             if e.episode in self.running and not d.get("speculative"):
                 self.running[e.episode].update(turn=e.turn, phase={
                     "policy_start": "generating", "exec_start": "tool", "wm_start": "tool+wm"}[e.kind])
         elif e.kind == "exec_done":
             self._exec_done[(e.episode, e.turn)] = e.t
+            self.tool_sec.append(d["seconds"])
         elif e.kind == "spec_start":
             self._spec_started[d["request_id"]] = (e.t, e.episode, e.turn - 1)
         elif e.kind == "policy_done" and d.get("speculative"):
@@ -71,6 +83,10 @@ class SpecMetrics:
         elif e.kind == "wm_draft":
             self.wm_tokens_total += d["tokens"]
             self.wm_drafts_unusable += d.get("unusable", 0)
+            if d["drafts"] == 0 and d.get("unusable", 0):
+                self.arrived_unusable += 1
+            if d["request_id"] in self._wm_started:
+                self.wm_sec.append(e.t - self._wm_started.pop(d["request_id"]))
         elif e.kind == "match":
             self.wm_tokens_matched += d.get("draft_tokens", 0)
         elif e.kind == "request_end":
@@ -91,7 +107,7 @@ class SpecMetrics:
     # -- summaries ----------------------------------------------------------------------------------
     @property
     def drafts_in_time(self) -> int:
-        return self.counts["match"] + self.counts["rollback"]
+        return self.counts["match"] + self.counts["rollback"] + self.arrived_unusable
 
     def summary(self) -> dict:
         c = self.counts
@@ -108,7 +124,13 @@ class SpecMetrics:
             "spec/exact_frac": c["match"] / in_time if in_time else None,
             "spec/exec_won_frac": c["exec_won"] / wm if wm else None,
             "spec/rollback_frac": c["rollback"] / in_time if in_time else None,
-            "spec/no_draft": c["wm_draft"] - in_time if c["wm_draft"] >= in_time else 0,
+            "spec/unusable_frac": self.arrived_unusable / in_time if in_time else None,
+            "spec/no_draft": max(0, c["wm_draft"] - in_time),
+            "spec/wm_sec_mean": statistics.fmean(self.wm_sec) if self.wm_sec else None,
+            "tool_sec_mean": statistics.fmean(self.tool_sec) if self.tool_sec else None,
+            "spec/wm_tool_ratio": (statistics.fmean(self.tool_sec) / statistics.fmean(self.wm_sec)
+                                   if self.wm_sec and self.tool_sec and statistics.fmean(self.wm_sec) > 0
+                                   else None),
             "spec/overlap_sec": self.overlap_sec, "spec/block_sec": self.block_sec,
             "spec/policy_tokens_discarded": self.policy_tokens_discarded,
             "spec/wm_tokens_total": self.wm_tokens_total,

@@ -112,6 +112,13 @@ def test_what_the_agent_added_to_root_is_gone_when_the_verifier_runs():
     assert got == 1.0, "files the agent put in / (or its HOME/TMPDIR) were visible to the verifier"
 
 
+def test_harbor_reward_conversion_is_not_shadowed():
+    scores = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-sum-scores"]
+    plant = "printf 'open(\"/logs/verifier/reward.txt\", \"w\").write(\"1\")\n' > json.py"
+    assert reward(scores, [plant]) == 0.0, "the agent's json.py ran in the reward.json conversion"
+    assert reward(scores, scores.solution) == 1.0
+
+
 def test_a_fifo_or_a_huge_file_is_the_agents_failure_not_ours():
     task = task_by_id("json-edit-00004")
     path = next(iter(task.files))

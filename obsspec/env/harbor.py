@@ -59,7 +59,7 @@ RESERVED_DIRS = ("/usr", "/etc", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib
 # Run after test.sh; Harbor verifiers may write reward.json where the sandbox reads reward.txt.
 REWARD_JSON_TO_TXT = """\
 if [ ! -f /logs/verifier/reward.txt ] && [ -f /logs/verifier/reward.json ]; then
-  python3 - <<'EOF'
+  python3 -I - <<'EOF'  # -I: the agent's json.py in cwd cannot shadow the stdlib
 import json
 try:
     data = json.load(open("/logs/verifier/reward.json"))

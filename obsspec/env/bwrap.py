@@ -13,9 +13,11 @@ read or write its memory through /proc/1/mem — it cannot stop, steer or impers
 from __future__ import annotations
 
 import glob
+import io
 import itertools
 import os
 import shutil
+import tarfile
 from functools import lru_cache
 from importlib import resources
 
@@ -144,3 +146,32 @@ def env(config, workdir: str) -> dict[str, str]:
         "OBSSPEC_FAKETIME_LIB": faketime_lib() if config.deterministic else "",
         "OBSSPEC_STDBUF_LIB": stdbuf_lib() if config.deterministic else "",
     }
+
+
+def tar_files(files: dict[str, str], mtime: int) -> bytes:
+    """A tar archive of text files (paths relative to the directory it is extracted into), every
+    entry stamped `mtime`, directories included, so that nothing carries a real time."""
+    buf = io.BytesIO()
+    dirs: set[str] = set()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for rel, text in sorted(files.items()):
+            path = os.path.normpath(rel)
+            if os.path.isabs(path) or path == "." or path.split(os.sep)[0] == "..":
+                raise ValueError(f"task file path escapes the workspace: {rel!r}")
+            parts = path.split(os.sep)
+            for i in range(1, len(parts)):
+                d = os.sep.join(parts[:i])
+                if d not in dirs:
+                    dirs.add(d)
+                    tar.addfile(_entry(d, tarfile.DIRTYPE, 0o755, mtime))
+            data = text.encode("utf-8", "surrogateescape")
+            info = _entry(path, tarfile.REGTYPE, 0o644, mtime)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _entry(name: str, kind: bytes, mode: int, mtime: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.mtime = kind, mode, mtime
+    return info

@@ -31,12 +31,10 @@ apply (the kernel exempts root from RLIMIT_NPROC) and nothing inside has host pr
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import secrets
 import shutil
 import signal
-import tarfile
 import tempfile
 import time
 import warnings
@@ -154,7 +152,7 @@ class Sandbox:
     async def start(self, files: dict[str, str] | None = None, setup: str = "") -> None:
         """Start the shell, write `files` into the workspace and run `setup` there."""
         cfg = self.config
-        archive = _tar(files or {}, cfg.clock_start)  # checks paths before anything starts
+        archive = bwrap.tar_files(files or {}, cfg.clock_start)  # checks paths before anything starts
         env = bwrap.env(cfg, self.workdir)
         fds: list[int] = []
         if cfg.isolation == "bwrap":
@@ -246,7 +244,7 @@ class Sandbox:
         if reset.exit_code != 0:
             raise SandboxError("agent processes survived the kill before verification")
         tests = self.host_root and os.path.join(self.host_root, "tests") or "/tests"
-        untar = await self._request("untar", _tar(files or {}, cfg.clock_start), tests, 30)
+        untar = await self._request("untar", bwrap.tar_files(files or {}, cfg.clock_start), tests, 30)
         if untar.exit_code != 0:
             raise SandboxError(f"could not write the verifier's files: {_tail(untar)}")
         result = await self._request("verify", _encode(script), clock, timeout_s or cfg.timeout_s * 4)
@@ -397,32 +395,3 @@ def _encode(script: str) -> bytes:
 
 def _tail(result: ExecResult) -> str:
     return result.output[-500:].decode("utf-8", "replace")
-
-
-def _tar(files: dict[str, str], mtime: int) -> bytes:
-    """A tar archive of text files (paths relative to the directory it is extracted into), every
-    entry stamped `mtime`, directories included, so that nothing carries a real time."""
-    buf = io.BytesIO()
-    dirs: set[str] = set()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for rel, text in sorted(files.items()):
-            path = os.path.normpath(rel)
-            if os.path.isabs(path) or path == "." or path.split(os.sep)[0] == "..":
-                raise ValueError(f"task file path escapes the workspace: {rel!r}")
-            parts = path.split(os.sep)
-            for i in range(1, len(parts)):
-                d = os.sep.join(parts[:i])
-                if d not in dirs:
-                    dirs.add(d)
-                    tar.addfile(_entry(d, tarfile.DIRTYPE, 0o755, mtime))
-            data = text.encode("utf-8", "surrogateescape")
-            info = _entry(path, tarfile.REGTYPE, 0o644, mtime)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def _entry(name: str, kind: bytes, mode: int, mtime: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.mtime = kind, mode, mtime
-    return info

@@ -20,8 +20,9 @@ the committed history; a match at turn t carries the speculation made for turn t
 it is verified against turn t+1's real observation in the same way. A rollback drops everything
 built on the rejected draft.
 
-Failures and cancellation (structured: every task an episode starts belongs to its `_Scope` and
-is finished — committed, cancelled with a reason, or failed — before the episode returns):
+Failures and cancellation (structured: every task an episode starts belongs to its scope and
+is finished — committed, cancelled with a reason, or failed — before the episode returns;
+obsspec/rollout/scope.py):
 - declared infrastructure failures (`INFRA_ERRORS`: the sandbox died or timed out on us, the
   engine closed, a replay diverged) end the episode with `infra_error` and reward None;
 - any other exception is a bug of ours: the episode cleans up and re-raises it, traceback kept;
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from obsspec import chat
 from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest
@@ -41,6 +42,7 @@ from obsspec.env.sandbox import SandboxError
 from obsspec.env.task import Task
 from obsspec.rollout.events import EventBus
 from obsspec.rollout.predictors import Draft, Predictor, PredictRequest, derive_seed
+from obsspec.rollout.scope import EpisodeScope, run_to_the_end
 from obsspec.rollout.tools import ReplayDiverged, Tool
 from obsspec.rollout.trajectory import Trajectory, Turn
 
@@ -69,36 +71,7 @@ class _Speculation:
     request_id: str = ""                # "" when no action is generated (last turn, no budget)
     task: asyncio.Task | None = None    # -> Generation
     deeper: asyncio.Task | None = None  # -> list[_Speculation] for the next turn (depth > 1)
-    scope: "_Scope | None" = None       # the episode that owns it
-
-
-@dataclass(eq=False)
-class _Scope:
-    """What one episode has started: every task, and every speculation not yet ended."""
-
-    max_turns: int
-    tasks: set[asyncio.Task] = field(default_factory=set)
-    open: set[_Speculation] = field(default_factory=set)
-
-    def spawn(self, coro) -> asyncio.Task:
-        task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
-
-
-async def _to_the_end(coro):
-    """Run `coro` to completion even if we are cancelled meanwhile (then re-raise the cancel)."""
-    task = asyncio.ensure_future(coro)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return task.result()
+    scope: EpisodeScope | None = None   # the episode that owns it
 
 
 class Scheduler:
@@ -114,7 +87,7 @@ class Scheduler:
     async def run_episode(self, task: Task, episode: int, tool: Tool, speculative: bool) -> Trajectory:
         fmt = self.fmt
         # the task's own turn limit (Task.max_turns) binds when it is the tighter one
-        scope = _Scope(max_turns=min(self.sampling.max_turns, task.max_turns))
+        scope = EpisodeScope(max_turns=min(self.sampling.max_turns, task.max_turns))
         traj = Trajectory.start(episode, task.task_id, fmt.prompt_ids(task.instruction))
         task_key = task.content_hash()
         commands: list[str] = []
@@ -174,10 +147,10 @@ class Scheduler:
             traj.infra_error = f"bug: {type(e).__name__}: {e}"
             raise
         finally:
-            await _to_the_end(self._finish(scope, tool, traj, pending, carried, how))
+            await run_to_the_end(self._finish(scope, tool, traj, pending, carried, how))
         return traj
 
-    async def _finish(self, scope: _Scope, tool: Tool, traj: Trajectory, pending, carried, how: str) -> None:
+    async def _finish(self, scope: EpisodeScope, tool: Tool, traj: Trajectory, pending, carried, how: str) -> None:
         """End every request the episode started, stop every task, close the tool, report."""
         reason = "episode_end" if how == "episode_end" else "cancelled"
         try:
@@ -233,7 +206,7 @@ class Scheduler:
         self.bus.emit("exec_done", episode, turn, seconds=result.seconds, exit_code=result.exit_code)
         return result
 
-    async def _speculate(self, scope: _Scope, branch: asyncio.Task, tool: Tool, action: chat.Action,
+    async def _speculate(self, scope: EpisodeScope, branch: asyncio.Task, tool: Tool, action: chat.Action,
                          episode: int, turn: int):
         """Run the command while `branch` (-> drafts with speculative next actions) works; then
         keep the speculation whose draft equals the real observation, if any."""
@@ -276,11 +249,11 @@ class Scheduler:
         return result, (matched if matched.task is not None else None), "match"
 
     async def _branch(self, prefix_ids: list[int], request: PredictRequest, depth: int,
-                      scope: _Scope | None = None) -> list[_Speculation]:
+                      scope: EpisodeScope | None = None) -> list[_Speculation]:
         """Ask the predictor for turn `request.turn`'s observation; on each distinct draft start the
         speculative action of the next turn (and, with depth left, speculate beyond it). The
         speculations belong to `scope` (the episode's; a test may leave it to a fresh one)."""
-        scope = scope or _Scope(max_turns=self.sampling.max_turns)
+        scope = scope or EpisodeScope(max_turns=self.sampling.max_turns)
         episode, turn = request.episode, request.turn
         wm_id = f"wm-{episode}-{turn}-{next(self._wm_ids)}"
         self.bus.emit("wm_start", episode, turn, request_id=wm_id)
@@ -319,7 +292,7 @@ class Scheduler:
             specs.append(spec)  # with no task, the draft is still compared (nothing follows it)
         return specs
 
-    async def _deeper(self, scope: _Scope, prompt: list[int], gen_task: asyncio.Task,
+    async def _deeper(self, scope: EpisodeScope, prompt: list[int], gen_task: asyncio.Task,
                       request: PredictRequest, depth: int) -> list[_Speculation]:
         """Once a speculative action exists, speculate on its observation in turn (depth > 1)."""
         await asyncio.wait({gen_task})  # waits without cancelling the generation if we are cancelled
@@ -421,7 +394,7 @@ class Scheduler:
             for r in stopped:
                 r.cancel()
             if stopped:
-                await _to_the_end(asyncio.wait(stopped))
+                await run_to_the_end(asyncio.wait(stopped))
         for r in runs:
             if not r.cancelled() and r.exception() is not None:
                 raise r.exception()

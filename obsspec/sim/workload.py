@@ -11,7 +11,10 @@ the command class (first word), whether the draft matched (`match`/`rollback` in
 trajectories; other turns draw from the measured per-class hit rate) and the world model's
 latency (from the speculative trace; `exec_won` turns never get a draft in time). The engine's
 step model (single-stream and aggregate tokens/s) is fitted on the sequential run's generations:
-seconds per token against how many generations ran alongside.
+seconds per token against how many generations ran alongside; a processor-sharing fit (the hf
+engine's batch-invariant mode) also sets low-priority speculation, as that engine serves it.
+Episodes that were not token-identical between the modes are left out, as the measured
+reduction leaves them out.
 """
 
 from __future__ import annotations
@@ -185,6 +188,9 @@ class RecordedRun:
                     c[1] += 1
         return {k: (a, n) for k, (a, n) in out.items()}
 
+    def differing(self) -> set[int]:
+        return set((self.summary.get("comparison") or {}).get("episodes_differing") or [])
+
     def measured_reduction(self) -> float | None:
         return (self.summary.get("comparison") or {}).get("mean_latency_reduction")
 
@@ -198,8 +204,11 @@ class RecordedRun:
         classes = ",".join(f"{k}:{a / b:.4f}" for k, (a, b) in sorted(rates.items()))
         spec = dataclasses.replace(base.spec, hit_rate=hits / n if n else base.spec.hit_rate,
                                    class_hit_rates=classes)
-        engine = dataclasses.replace(base.engine, single_tok_s=single, peak_tok_s=peak)
-        workload = dataclasses.replace(base.workload, episodes=len(self.sequential),
+        # A processor-sharing fit means obsspec's hf engine in batch-invariant mode, the one engine
+        # that honours request priority (speculation only in idle time); batching engines ignore it.
+        priority = "low" if peak < 2 * single else base.engine.spec_priority
+        engine = dataclasses.replace(base.engine, single_tok_s=single, peak_tok_s=peak, spec_priority=priority)
+        workload = dataclasses.replace(base.workload, episodes=len(self.sequential) - len(self.differing()),
                                        concurrency=self.concurrency())
         return dataclasses.replace(base, engine=engine, spec=spec, workload=workload)
 
@@ -213,6 +222,8 @@ class RecordedRun:
         out = []
         for traj in self.sequential:
             e, lengths, turns = traj["episode"], _action_lengths(traj), []
+            if e in self.differing():
+                continue  # did other work in the two modes; the measured reduction leaves it out too
             for k, turn in enumerate(traj["turns"]):
                 u_hit, tool_rng = rng.random(), random.Random(rng.random())
                 cls = command_class(turn.get("command", "")) if turn["kind"] == "bash" else turn["kind"]

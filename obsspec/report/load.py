@@ -110,7 +110,9 @@ class RunData:
         return [parts[e] for e in sorted(parts)]
 
     def timeline(self, mode: str, episodes: list[int]) -> dict[int, list[tuple]]:
-        """episode -> spans (lane, start, end, outcome) and instants (lane='event', t, t, kind)."""
+        """episode -> spans (lane, start, end, outcome) and instants (lane='event', t, t, kind).
+        A speculative generation that finished before its fate was decided gets a second span,
+        outcome '<outcome> (waiting)', from then until it was kept or dropped."""
         want, out, open_ = set(episodes), {e: [] for e in episodes}, {}
         outcome: dict = {}
         for ev in self.traces.get(mode, []):
@@ -135,10 +137,14 @@ class RunData:
                 out[e].append((lane, t0, t, ev.get("outcome", "")))
             elif k == "spec_start":
                 open_[rid] = ("speculative", t)
+            elif k == "policy_done" and ev.get("speculative"):
+                outcome[rid] = t  # computed; it may wait for its tool to be kept or dropped
             elif k == "request_end" and ev.get("role") == "policy" and rid in open_:
                 lane, t0 = open_.pop(rid)
-                outcome[rid] = ev.get("outcome", "")
-                out[e].append((lane, t0, t, outcome[rid]))
+                done = min(outcome.pop(rid, t), t)
+                out[e].append((lane, t0, done, ev.get("outcome", "")))
+                if done < t:
+                    out[e].append((lane, done, t, ev.get("outcome", "") + " (waiting)"))
             elif k in ("match", "rollback", "exec_won"):
                 out[e].append(("event", t, t, k))
         return out

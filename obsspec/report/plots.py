@@ -128,8 +128,10 @@ def timeline(run, path: str, n: int = 4) -> str | None:
                 if ln != lane:
                     continue
                 c = COLORS["generation"] if lane == "policy" else COLORS["tool"] if lane == "tool" else \
-                    COLORS["world_model"] if lane == "world model" else color.get(outcome, "grey")
-                ax.barh(y, max(t1 - t0, 1e-3), left=t0, height=0.7, color=c, edgecolor="white", lw=0.3)
+                    COLORS["world_model"] if lane == "world model" else color.get(outcome.split(" ")[0], "grey")
+                waiting = outcome.endswith("(waiting)")
+                ax.barh(y, max(t1 - t0, 1e-3), left=t0, height=0.3 if waiting else 0.7, color=c,
+                        alpha=0.45 if waiting else 1.0, edgecolor="white", lw=0.3)
         for ln, t, _, kind in spans[e]:
             if ln == "event":
                 m, c = marks[kind]
@@ -146,7 +148,8 @@ def timeline(run, path: str, n: int = 4) -> str | None:
               fontsize=7, loc="upper right")
     _save(fig, path)
     return (f"Timeline of episodes {episodes} ({mode}): committed generation, tool, world-model prediction, and "
-            "speculative generations (green kept, red cancelled); markers at match, rollback and exec_won.")
+            "speculative generations (green kept, red cancelled; thin and pale once computed, while they wait for "
+            "the tool to decide); markers at match, rollback and exec_won.")
 
 
 def wasted_tokens(run, path: str) -> str | None:

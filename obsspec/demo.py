@@ -42,8 +42,9 @@ async def _demo(recipe: Recipe, out_dir: str, display: Display, emit) -> dict:
     emit(f"verifier reward: reference solution {record.reward:g}, doing nothing {idle.reward:g}",
          "bold green")
     rollout_recipe = dataclasses.replace(recipe, rollout=dataclasses.replace(
-        recipe.rollout, tasks_dir=tasks_dir, mode="both", split="train", num_tasks=3, group_size=2))
-    emit("rollout: sequential, then speculative (world model), same tasks and seeds", "bold")
+        recipe.rollout, tasks_dir=tasks_dir, mode="both", split="val", num_tasks=4, group_size=2))
+    emit("rollout on held-out (val) tasks: sequential, then speculative (world model), same tasks "
+         "and seeds", "bold")
     from obsspec.rollout.run import _run
     from obsspec.ui.live import make_live
     from obsspec.ui.tables import print_rollout_table

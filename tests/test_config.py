@@ -75,3 +75,21 @@ def test_to_dict_round_trips():
     import yaml
     assert to_dict(r)["tasks"]["families"] == ["a"]
     assert yaml.safe_dump(to_dict(r))
+
+
+@pytest.mark.parametrize("override, words", [
+    ("policy.max_context=4096", ["policy.max_context (4096)", "kit.max_length = 2048"]),
+    ("world_model.max_tokens=256", ["world_model.max_tokens (256)", "at least 2112"]),
+    ("policy.engine=vllm", ["policy.engine=vllm needs policy.server_url"]),
+    ("world_model.engine=tgi", ["world_model.engine must be hf or vllm"]),
+])
+def test_cross_section_mistakes_are_one_line_naming_the_keys(override, words):
+    with pytest.raises(ConfigError) as e:
+        load_recipe(os.path.join(ROOT, "recipes", "tiny-cpu.yaml"), [override])
+    message = str(e.value)
+    assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_a_hub_policy_is_not_held_to_the_tiny_models_positions():
+    r = load_recipe(None, ["policy.model=Qwen/Qwen3-8B", "policy.max_context=32768"])
+    assert r.policy.max_context == 32768

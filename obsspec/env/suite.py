@@ -297,3 +297,12 @@ def load_tasks(path: str) -> list[Task]:
         with open(p) as f:
             tasks += [Task.from_dict(json.loads(line)) for line in f if line.strip()]
     return tasks
+
+
+def spread(tasks: list, n: int) -> list:
+    """`n` tasks (or rows) taken evenly over `tasks` (a suite's files are grouped by family, so
+    the first `n` would all be one family); with n > len(tasks) it wraps around."""
+    if not tasks:
+        return []
+    step = max(1, len(tasks) // n)
+    return [tasks[(i * step) % len(tasks)] for i in range(n)]

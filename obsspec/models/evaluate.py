@@ -204,7 +204,7 @@ def _policy(which: str, paths, kit_cfg):
 async def _main_async(args) -> dict:
     from obsspec.config import load_recipe
     from obsspec.engines.hf import HFEngine
-    from obsspec.env.suite import load_tasks
+    from obsspec.env.suite import load_tasks, spread
     from obsspec.models.kit import ensure_kit, read_trajectories
     from obsspec.models.tiny import load_pretrained
     from obsspec.rollout.config import sampling
@@ -212,7 +212,8 @@ async def _main_async(args) -> dict:
 
     display = make_display(args.display)
     recipe = load_recipe(args.recipe, args.overrides)
-    tasks = load_tasks(f"{args.tasks_dir}/val.jsonl")[: args.limit or None]
+    tasks = load_tasks(f"{args.tasks_dir}/val.jsonl")
+    tasks = spread(tasks, args.limit) if args.limit else tasks
     episodes = [t for t in tasks for _ in range(args.group_size)]
     names = [n for n in args.policies.split(",") if n]
     settings = sampling(recipe.policy, recipe.rollout.seed)
@@ -231,7 +232,8 @@ async def _main_async(args) -> dict:
         results[which] = success_metrics(episodes, trajectories, args.group_size)
         display.log(f"{which}: " + json.dumps(results[which]))
     if args.world_model:
-        rows = [r for r in read_trajectories(args.tasks_dir) if r.get("split") == "val"][: args.limit or None]
+        rows = [r for r in read_trajectories(args.tasks_dir) if r.get("split") == "val"]
+        rows = spread(rows, args.limit) if args.limit else rows
         model, tokenizer = load_pretrained(paths.world_model if args.world_model == "kit" else args.world_model)
         fmt = ChatFormat(tokenizer)
         sources = {"reference": reference_cases(fmt, rows)}
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--world-model", default="", help="also score a world model's greedy drafts on the "
                    "val reference steps and on the last policy's rollouts: 'kit' or a model folder")
     p.add_argument("--group-size", type=int, default=4, help="episodes per task (a GRPO group)")
-    p.add_argument("--limit", type=int, default=0, help="evaluate only the first N val tasks (0 = all)")
+    p.add_argument("--limit", type=int, default=0, help="evaluate N val tasks spread over the split (0 = all)")
     p.add_argument("--workers", type=int, default=8, help="concurrent episodes")
     p.add_argument("--out", default="", help="write the results as JSON here")
     p.add_argument("--display", default="auto", choices=["auto", "rich", "plain", "none"])

@@ -176,12 +176,10 @@ def _policy_rollouts(policy, tokenizer, fmt, tasks_dir: str, cfg: KitConfig, san
     import concurrent.futures
 
     from obsspec.engines.hf import HFEngine
-    from obsspec.env.suite import load_tasks
+    from obsspec.env.suite import load_tasks, spread
     from obsspec.models.evaluate import rollout_tasks
 
-    tasks = load_tasks(os.path.join(tasks_dir, TRAIN_TASKS))
-    step = max(1, len(tasks) // cfg.rollouts)
-    picked = [tasks[(i * step) % len(tasks)] for i in range(cfg.rollouts)]
+    picked = spread(load_tasks(os.path.join(tasks_dir, TRAIN_TASKS)), cfg.rollouts)
 
     async def run():
         async with HFEngine(policy, tokenizer, batch_invariant=False) as engine:

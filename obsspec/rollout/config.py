@@ -61,7 +61,7 @@ class RolloutConfig:
                         "speculative next action, up to this many turns past the committed one.")
     breadth: int = doc(1, "Drafts per turn (world model: greedy + sampled).")
     split: str = doc("val", "Which split of the prepared suite to roll out on: train or val.")
-    num_tasks: int = doc(8, "Tasks taken from the split (in order).")
+    num_tasks: int = doc(8, "Tasks taken from the split, spread evenly over it (so over its families).")
     group_size: int = doc(4, "Episodes per task (a GRPO group: same task, different seeds).")
     concurrency: int = doc(0, "Episodes running at once (0 = all).")
     tasks_dir: str = doc("", "A prepared suite; '' = RUN_DIR/tasks (prepared on first use).")

@@ -19,7 +19,7 @@ import os
 import statistics
 
 from obsspec.config import Recipe
-from obsspec.env.suite import load_tasks, prepare_tasks
+from obsspec.env.suite import load_tasks, prepare_tasks, spread
 from obsspec.env.task import Task
 from obsspec.rollout.events import EventBus, JsonlTrace
 from obsspec.rollout.metrics import SpecMetrics, export_chrome_trace
@@ -45,7 +45,8 @@ async def episode_tasks(recipe: Recipe, display: Display) -> list[Task]:
     if not os.path.exists(os.path.join(tasks_dir, "trajectories.jsonl")):
         display.log(f"no prepared task suite at {tasks_dir}: preparing it now")
         await prepare_tasks(recipe, tasks_dir, display)
-    tasks = load_tasks(os.path.join(tasks_dir, f"{cfg.split}.jsonl"))[: cfg.num_tasks]
+    tasks = load_tasks(os.path.join(tasks_dir, f"{cfg.split}.jsonl"))
+    tasks = spread(tasks, min(cfg.num_tasks, len(tasks)))
     if not tasks:
         raise RolloutError(f"{tasks_dir}: the {cfg.split} split has no tasks "
                            f"(choose rollout.split=train, or prepare more instances)")

@@ -27,23 +27,14 @@ import random
 import statistics
 from dataclasses import dataclass
 
+from obsspec.commands import first_program
 from obsspec.sim.config import SimConfig, SimError, parse_classes
 from obsspec.sim.episodes import SimTurn
 
 
 def command_class(command: str) -> str:
-    """The first word of the command (after `cd x &&`, `sudo`, env assignments)."""
-    words = command.replace("&&", " && ").replace(";", " ; ").replace("|", " | ").split()
-    i = 0
-    while i < len(words):
-        w = words[i]
-        if w == "cd" and i + 2 < len(words) and words[i + 2] in ("&&", ";"):
-            i += 3
-        elif w in ("sudo", "env", "time") or ("=" in w and not w.startswith("=")):
-            i += 1
-        else:
-            return os.path.basename(w)[:24] or "other"
-    return "other"
+    """The first program of the command (after `cd x &&`, `sudo`, env assignments)."""
+    return first_program(command)[:24] or "other"
 
 
 def _hit_rate(cfg: SimConfig, cls: str) -> float:

@@ -1,7 +1,8 @@
 """How well the models do their jobs: a policy's success on tasks, a world model's exact hits.
 
 Run: python -m obsspec.models.evaluate TASKS_DIR [key=value ...] [--recipe recipes/tiny-cpu.yaml]
-     [--policies untrained,warm] [--world-model kit] [--group-size 4] [--limit N] [--out eval.json]
+     [--policies untrained,warm] [--world-model kit] [--rollouts FILE] [--max-draft-tokens N]
+     [--group-size 4] [--limit N] [--out eval.json]
 
 - Policy: episodes are ordinary sequential rollouts through the rollout scheduler (the one
   episode loop of rollouts, evaluation and training), with the recipe's `policy` section as the
@@ -188,6 +189,10 @@ async def evaluate_world_model(engine, fmt: ChatFormat, cases: list[WMCase], cap
 # ---------------------------------------------------------------------------------------------
 
 
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name.rsplit("/", 1)[-1] or name).strip("_")
+
+
 def _policy(which: str, paths, kit_cfg):
     from obsspec.models import tiny
 
@@ -231,6 +236,9 @@ async def _main_async(args) -> dict:
                                                label=f"policy {which}")
         results[which] = success_metrics(episodes, trajectories, args.group_size)
         display.log(f"{which}: " + json.dumps(results[which]))
+        if args.out:  # the episodes themselves, for a later --rollouts
+            with open(f"{args.out}.{_slug(which)}.trajectories.jsonl", "w") as f:
+                f.writelines(json.dumps(tr.to_dict(), sort_keys=True) + "\n" for tr in trajectories)
     if args.world_model:
         rows = [r for r in read_trajectories(args.tasks_dir) if r.get("split") == "val"]
         rows = spread(rows, args.limit) if args.limit else rows
@@ -238,11 +246,16 @@ async def _main_async(args) -> dict:
         fmt = ChatFormat(tokenizer)
         sources = {"reference": reference_cases(fmt, rows)}
         if trajectories:
-            sources[f"rollouts_{names[-1]}"] = trajectory_cases(fmt, trajectories)
+            sources[f"rollouts_{_slug(names[-1])}"] = trajectory_cases(fmt, trajectories)
+        for path in args.rollouts:
+            with open(path) as f:
+                recorded = [Trajectory.from_dict(json.loads(line)) for line in f if line.strip()]
+            sources[f"rollouts_{_slug(path)}"] = trajectory_cases(fmt, recorded)
         async with HFEngine(model, tokenizer, batch_invariant=False) as engine:
             for name, cases in sources.items():
                 results[f"world_model_{name}"] = await evaluate_world_model(
-                    engine, fmt, cases, recipe.sandbox.output_cap, recipe.world_model.max_tokens,
+                    engine, fmt, cases, recipe.sandbox.output_cap,
+                    args.max_draft_tokens or recipe.world_model.max_tokens,
                     display=display, label=f"world model on {name}")
                 display.log(f"world model on {name}: " + json.dumps(results[f"world_model_{name}"]))
     return results
@@ -261,6 +274,12 @@ def main(argv: list[str] | None = None) -> None:
                    help="comma-separated: untrained, warm, or a model folder / hub name")
     p.add_argument("--world-model", default="", help="also score a world model's greedy drafts on the "
                    "val reference steps and on the last policy's rollouts: 'kit' or a model folder")
+    p.add_argument("--rollouts", action="append", default=[], metavar="FILE",
+                   help="also score the world model on the steps of recorded episodes (a "
+                        "trajectories JSONL of a rollout run or of an earlier --out); repeatable")
+    p.add_argument("--max-draft-tokens", type=int, default=0,
+                   help="cap world-model drafts here instead of world_model.max_tokens (faster; a "
+                        "draft that needs more counts as unusable)")
     p.add_argument("--group-size", type=int, default=4, help="episodes per task (a GRPO group)")
     p.add_argument("--limit", type=int, default=0, help="evaluate N val tasks spread over the split (0 = all)")
     p.add_argument("--workers", type=int, default=8, help="concurrent episodes")

@@ -35,7 +35,7 @@ OVERRIDES_HELP = "Recipe overrides as dot.path=value (e.g. `sandbox.timeout_s=5`
 # The demo's suite and kit budget: about 10 minutes on 2 cores from a fresh clone, install included.
 # The recipe's own kit (1,000 instances, 600 policy steps) is what docs/MODELS.md measures.
 DEMO = ["tasks.num_instances=220", "kit.policy.max_steps=300", "kit.rollouts=32",
-        "kit.world_model.max_steps=100"]
+        "kit.world_model.max_steps=400"]
 DISPLAY_HELP = "Progress display: auto (rich on a terminal, plain otherwise), rich, plain or none."
 
 

@@ -18,17 +18,7 @@ import statistics
 from obsspec.report import page, plots
 from obsspec.report.load import RunData, load_run
 from obsspec.rollout.metrics import chrome_trace
-from obsspec.ui.tables import ROWS  # the rows of the rollout table, same labels
-
-
-def _fmt(v, pct=False) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    if pct:
-        return f"{100 * v:.1f} %"
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
+from obsspec.ui.tables import ROWS, cell  # the rollout table's rows and cells, same labels
 
 
 def _summary_section(run: RunData) -> str:
@@ -36,13 +26,13 @@ def _summary_section(run: RunData) -> str:
     if not modes:
         return "<p>No summary.json in this run.</p>"
     head = [""] + list(modes)
-    rows = [[label, *(_fmt(modes[m].get(key), pct) for m in modes)] for label, key, pct in ROWS]
+    rows = [[label, *(cell(modes[m].get(key), pct) for m in modes)] for label, key, pct in ROWS]
     out = page.table(head, rows)
     comp = run.summary.get("comparison")
     if comp:
-        out += (f"<p>Mean latency reduction: <b>{_fmt(comp.get('mean_latency_reduction'), True)}</b> over "
+        out += (f"<p>Mean latency reduction: <b>{cell(comp.get('mean_latency_reduction'), True)}</b> over "
                 f"{comp.get('episodes_compared_for_latency')} token-identical episodes; token-identical: "
-                f"<b>{_fmt(comp.get('token_identical'))}</b>.</p>")
+                f"<b>{cell(comp.get('token_identical'))}</b>.</p>")
     lat = run.summary.get("tool_latency") or {}
     if lat.get("emulated"):
         out += (f'<p class="note">Tool latency includes EMULATED remote latency ({page.esc(lat.get("kind"))}, '
@@ -56,7 +46,7 @@ def _training_section(run: RunData) -> str:
     keys = ["spec/exact_frac", "spec/exec_won_frac", "spec/rollback_frac", "spec/policy_tokens_discarded",
             "latency_mean_sec", "latency_reduction"]
     keys = [k for k in keys if any(k in r for r in run.steps)]
-    rows = [[r["step"], *(_fmt(r.get(k), k.endswith("_frac") or k == "latency_reduction") for k in keys)]
+    rows = [[r["step"], *(cell(r.get(k), k.endswith("_frac") or k == "latency_reduction") for k in keys)]
             for r in run.steps]
     return page.table(["step", *keys], rows)
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 
-def _cell(v, pct: bool = False) -> str:
+def cell(v, pct: bool = False) -> str:
+    """One value as a table shows it (the terminal tables and the HTML report alike)."""
     if v is None:
         return "-"
     if isinstance(v, bool):
@@ -49,14 +50,14 @@ def print_rollout_table(summary: dict) -> None:
     for m in modes:
         table.add_column(m, justify="right")
     for label, key, pct in ROWS:
-        table.add_row(label, *(_cell(modes[m].get(key), pct) for m in modes))
+        table.add_row(label, *(cell(modes[m].get(key), pct) for m in modes))
     console = Console()
     console.print(table)
     comp = summary.get("comparison")
     if comp:
-        console.print(f"mean latency reduction: {_cell(comp['mean_latency_reduction'], True)} "
+        console.print(f"mean latency reduction: {cell(comp['mean_latency_reduction'], True)} "
                       f"(over {comp['episodes_compared_for_latency']} token-identical episodes); "
-                      f"token-identical: {_cell(comp['token_identical'])}")
+                      f"token-identical: {cell(comp['token_identical'])}")
         if comp["episodes_differing"]:
             console.print(f"episodes differing first in a tool observation (the tool printed something "
                           f"else): {comp['differing_first_in_observation']}; first in a policy action: "

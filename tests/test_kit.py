@@ -406,3 +406,14 @@ def test_world_model_drafts_are_compared_exactly_per_class(fmt):
     assert r["unusable_frac"] == 0.5, "a bare closing tag never closes an observation: unusable, counted"
     assert r["per_class"] == {"no_output": {"steps": 3, "exact_frac": 0.0}, "wc": {"steps": 3, "exact_frac": 1.0}}
     assert r["classes_with_output_hit"] == ["wc"]
+
+
+def test_evaluate_bad_inputs_are_one_line_and_exit_2(tmp_path, capsys):
+    from obsspec.models.evaluate import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "missing"), "--display", "none"])
+    assert e.value.code == 2 and "prepare-tasks" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "--policies", "", "--rollouts", str(tmp_path / "nope.jsonl"), "--display", "none"])
+    assert e.value.code == 2 and "--rollouts" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -217,6 +218,9 @@ async def _main_async(args) -> dict:
 
     display = make_display(args.display)
     recipe = load_recipe(args.recipe, args.overrides)
+    for path in args.rollouts:  # before any work, not after an hour of it
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"--rollouts {path}: no such file")
     tasks = load_tasks(f"{args.tasks_dir}/val.jsonl")
     tasks = spread(tasks, args.limit) if args.limit else tasks
     episodes = [t for t in tasks for _ in range(args.group_size)]
@@ -287,7 +291,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--display", default="auto", choices=["auto", "rich", "plain", "none"])
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    results = asyncio.run(_main_async(args))
+    from obsspec.config import ConfigError
+    from obsspec.env.suite import TaskNotFound
+
+    try:
+        results = asyncio.run(_main_async(args))
+    except (ConfigError, TaskNotFound, FileNotFoundError) as e:  # the user's inputs: one line
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)

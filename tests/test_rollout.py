@@ -30,7 +30,8 @@ COMMANDS = ["ls", "pwd", "touch spec-{h}; ls spec-* | wc -l", "echo {h} >> log.t
             "find . -type f | sort | head -n 5", "cat nope-{h}"]
 SANDBOX = SandboxConfig(timeout_s=10, output_cap=512)
 LATENCY = EmulatedLatency("fixed", 0.02)
-SLOW_TOOL = EmulatedLatency("fixed", 0.3)  # slower than a scripted action: speculation runs ahead
+# Slower than a scripted action (with margin for a loaded machine): speculation runs ahead.
+SLOW_TOOL = EmulatedLatency("fixed", 0.6)
 SAMPLING = Sampling(max_turns=6, max_new_tokens=400, max_context=6000, seed=11)
 
 

@@ -115,6 +115,8 @@ class SpecMetrics:
         in_time = self.drafts_in_time
         lat = list(self.latencies.values())
         rewards = [r for r in self.rewards.values() if r is not None]
+        wm_mean = statistics.fmean(self.wm_sec) if self.wm_sec else None
+        tool_mean = statistics.fmean(self.tool_sec) if self.tool_sec else None
         return {
             "episodes": len(self.latencies),
             "latency_p50_sec": percentile(lat, 0.5), "latency_p95_sec": percentile(lat, 0.95),
@@ -126,11 +128,8 @@ class SpecMetrics:
             "spec/rollback_frac": c["rollback"] / in_time if in_time else None,
             "spec/unusable_frac": self.arrived_unusable / in_time if in_time else None,
             "spec/no_draft": max(0, c["wm_draft"] - in_time),
-            "spec/wm_sec_mean": statistics.fmean(self.wm_sec) if self.wm_sec else None,
-            "tool_sec_mean": statistics.fmean(self.tool_sec) if self.tool_sec else None,
-            "spec/wm_tool_ratio": (statistics.fmean(self.tool_sec) / statistics.fmean(self.wm_sec)
-                                   if self.wm_sec and self.tool_sec and statistics.fmean(self.wm_sec) > 0
-                                   else None),
+            "spec/wm_sec_mean": wm_mean, "tool_sec_mean": tool_mean,
+            "spec/wm_tool_ratio": tool_mean / wm_mean if wm_mean and tool_mean is not None else None,
             "spec/overlap_sec": self.overlap_sec, "spec/block_sec": self.block_sec,
             "spec/policy_tokens_discarded": self.policy_tokens_discarded,
             "spec/wm_tokens_total": self.wm_tokens_total,

@@ -24,6 +24,7 @@ from obsspec.env.sandbox import SandboxConfig
 from obsspec.fields import doc
 from obsspec.models.config import KitConfig
 from obsspec.rollout.config import PolicyConfig, RolloutConfig, WorldModelConfig
+from obsspec.training.config import TrainConfig
 
 
 class ConfigError(ValueError):
@@ -64,6 +65,8 @@ class Recipe:
     policy: PolicyConfig = doc(PolicyConfig(), "The policy model and how it samples.")
     world_model: WorldModelConfig = doc(WorldModelConfig(), "The world model that drafts observations.")
     rollout: RolloutConfig = doc(RolloutConfig(), "Rollouts: mode, predictor, tasks, latency.")
+    train: TrainConfig = doc(TrainConfig(), "GRPO training (obsspec train): batch, optimizer, "
+                                             "co-training, checkpoints.")
 
     def __post_init__(self) -> None:
         # Cross-section checks: each names the keys to change.
@@ -180,6 +183,11 @@ def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif tp is str:
         if isinstance(value, str):
             return value

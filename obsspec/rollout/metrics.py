@@ -16,6 +16,11 @@
 - spec/policy_tokens_discarded  tokens of cancelled speculative policy generations
 - spec/wm_tokens_total, spec/wm_tokens_matched
 - spec/wm_drafts_unusable       world-model generations that never closed the observation
+- latency_saved_sec, latency_saved_frac
+                                the time speculation hid (= spec/overlap_sec: generation that ran
+                                while the tool ran, which a sequential rollout waits for) and its
+                                share of the estimated sequential time (rollout time + hidden);
+                                an estimate, live: `obsspec rollout --mode both` measures it
 plus per-trajectory latency (p50/p95, mean) and request accounting.
 """
 
@@ -131,6 +136,8 @@ class SpecMetrics:
             "spec/wm_sec_mean": wm_mean, "tool_sec_mean": tool_mean,
             "spec/wm_tool_ratio": tool_mean / wm_mean if wm_mean and tool_mean is not None else None,
             "spec/overlap_sec": self.overlap_sec, "spec/block_sec": self.block_sec,
+            "latency_saved_sec": self.overlap_sec,
+            "latency_saved_frac": self.overlap_sec / (sum(lat) + self.overlap_sec) if sum(lat) > 0 else None,
             "spec/policy_tokens_discarded": self.policy_tokens_discarded,
             "spec/wm_tokens_total": self.wm_tokens_total,
             "spec/wm_tokens_matched": self.wm_tokens_matched,

@@ -10,6 +10,9 @@ compared, so a predictor can never smuggle in token ids that a real observation 
                          command history (GRPO group members share prefixes). Instant; still
                          verified against the real tool like any draft.
 - `Oracle`               replays recorded observations (the upper bound on hit rate).
+- `WithHistory`          a history cache in front of another predictor (training: the cache
+                         answers what a group member or an earlier epoch already saw, the world
+                         model the rest); its contents can be saved and restored.
 - `NoPredictor`          never predicts (speculative mode then behaves sequentially).
 Test and benchmark wrappers: `Corrupting` (spoils drafts: forced rollbacks), `Delayed` (slower
 than the tool: forced exec_won).
@@ -74,6 +77,13 @@ class HistoryCache:
     def learn(self, request: PredictRequest, body: str) -> None:
         self._seen[(request.task_key, request.commands)] = body
 
+    def state(self) -> list:
+        """The cache as JSON-able rows [task_key, commands, body] (for checkpoints)."""
+        return [[key, list(commands), body] for (key, commands), body in sorted(self._seen.items())]
+
+    def load_state(self, rows: list) -> None:
+        self._seen = {(key, tuple(commands)): body for key, commands, body in rows}
+
 
 class Oracle(HistoryCache):
     """A history cache filled from recorded trajectories: (task, commands) -> observation."""
@@ -89,6 +99,28 @@ class Oracle(HistoryCache):
 
     def learn(self, request: PredictRequest, body: str) -> None:
         pass  # an oracle only knows what was recorded
+
+
+class WithHistory:
+    """Answer from the history cache when it has the observation, else ask `inner`."""
+
+    def __init__(self, inner: Predictor):
+        self.inner, self.cache = inner, HistoryCache()
+        self.name = f"history+{inner.name}"
+        self.lookups = self.hits = 0
+
+    async def predict(self, request: PredictRequest) -> list[Draft]:
+        self.lookups += 1
+        drafts = await self.cache.predict(request)
+        if drafts:
+            self.hits += 1
+            return drafts
+        return await self.inner.predict(request)
+
+    def learn(self, request: PredictRequest, body: str) -> None:
+        self.cache.learn(request, body)
+        self.inner.learn(request, body)
+
 
 
 class WorldModelPredictor:

@@ -58,6 +58,7 @@ class RichLive:
             f"exec_won {_fmt(s.get('spec/exec_won_frac'), True)}",
             f"rollbacks {_fmt(s.get('spec/rollback_frac'), True)}",
             f"latency p50 {_fmt(s.get('latency_p50_sec'))}s",
+            f"saved {s.get('latency_saved_sec', 0.0):.1f}s ({_fmt(s.get('latency_saved_frac'), True)})",
             f"tokens wasted {s.get('spec/policy_tokens_discarded', 0)}",
         )
         from rich.console import Group
@@ -94,7 +95,8 @@ class PlainLive:
         s = self.metrics.summary()
         print(f"{self.title}: {s['episodes']}/{self.total} episodes, hit rate "
               f"{_fmt(s['spec/exact_frac'], True)}, exec_won {_fmt(s['spec/exec_won_frac'], True)}, "
-              f"rollbacks {_fmt(s['spec/rollback_frac'], True)}", file=sys.stderr, flush=True)
+              f"rollbacks {_fmt(s['spec/rollback_frac'], True)}, saved {s['latency_saved_sec']:.1f}s "
+              f"({_fmt(s['latency_saved_frac'], True)} of rollout time)", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         if self._thread is not None:

@@ -1,0 +1,1 @@
+"""GRPO training with speculative rollouts (obsspec train)."""

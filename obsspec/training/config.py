@@ -1,0 +1,84 @@
+"""The `train` recipe section: GRPO with speculative rollouts and world-model co-training.
+
+A frozen dataclass like every section (obsspec/fields.py); `obsspec validate --explain` lists it.
+One training step = one generation round = one optimizer update: `tasks_per_step` train tasks,
+`group_size` episodes each (a GRPO group), split over the processes in micro-batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from obsspec.fields import doc
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = doc(40, "Optimizer steps (each: one round of rollouts, then one GRPO update).")
+    tasks_per_step: int = doc(4, "Train tasks per step (distinct prompts).")
+    group_size: int = doc(4, "Episodes per task (the GRPO group whose mean is the baseline).")
+    micro_batch_size: int = doc(16, "Episodes per forward/backward pass on one process; the step's "
+                                    "episodes are accumulated over as many passes as needed.")
+    learning_rate: float = doc(1e-6, "Peak learning rate of the policy (AdamW).")
+    lr_scheduler: str = doc("constant", "Learning-rate schedule (a transformers name: constant, "
+                                        "cosine, linear, ...).")
+    beta: float = doc(0.0, "KL penalty against the starting policy (0 = none, no reference model).")
+    epsilon: float = doc(0.2, "PPO clip range below 1.")
+    epsilon_high: float = doc(0.28, "PPO clip range above 1 (DAPO's clip-higher).")
+    loss_type: str = doc("dapo", "TRL's GRPO loss normalisation: dapo, grpo, dr_grpo, bnpo.")
+    max_grad_norm: float = doc(1.0, "Gradient clipping norm.")
+    speculative: bool = doc(True, "Roll out with observation speculation (false: sequentially; "
+                                  "the same tokens either way, only the time differs).")
+    history_cache: bool = doc(True, "Before asking the world model, look the observation up in "
+                                    "the history of earlier episodes (same task, same commands): "
+                                    "group members and later epochs share prefixes. Verified like "
+                                    "any draft; kept across steps and resumes.")
+    cotrain_every: int = doc(1, "Train the world model's LoRA adapter on the fresh (context -> "
+                                "real observation) pairs every this many steps and swap the new "
+                                "version in before the next rollouts (0 = never: the world model "
+                                "stays as loaded).")
+    cotrain_epochs: float = doc(2.0, "Passes over one step's fresh pairs per co-training round "
+                                     "(LoRA settings: the wm_train section).")
+    save_steps: int = doc(10, "Checkpoint every this many steps (and at the end): policy, "
+                              "optimizer, world-model adapter, history cache, data position, RNG.")
+    save_total_limit: int = doc(2, "Checkpoints kept (older ones are deleted).")
+    eval_tasks: int = doc(16, "Val tasks whose success is measured before and after training "
+                              "(same tasks and seeds both times; 0 = skip).")
+    eval_group_size: int = doc(2, "Episodes per val task in those evaluations.")
+    report_to: str = doc("tensorboard", "Where TRL logs as well as metrics.jsonl: tensorboard or none.")
+    seed: int = doc(0, "Seed of the data order, initialisation and per-episode sampling seeds.")
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "tasks_per_step", "micro_batch_size", "save_steps", "save_total_limit",
+                     "eval_group_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1 (got {getattr(self, name)})")
+        if self.group_size < 2:
+            raise ValueError(f"train.group_size must be >= 2: GRPO's baseline is the group mean, "
+                             f"a group of {self.group_size} has no signal")
+        if self.cotrain_every < 0 or self.eval_tasks < 0 or self.cotrain_epochs <= 0:
+            raise ValueError("train.cotrain_every and train.eval_tasks must be >= 0, "
+                             "train.cotrain_epochs > 0")
+        if self.learning_rate <= 0 or self.beta < 0 or self.max_grad_norm <= 0:
+            raise ValueError("train.learning_rate and max_grad_norm must be > 0, train.beta >= 0")
+        if not (0 <= self.epsilon < 1 and self.epsilon_high >= 0):
+            raise ValueError("train.epsilon must be in [0, 1) and train.epsilon_high >= 0")
+        if self.loss_type not in ("dapo", "grpo", "dr_grpo", "bnpo"):
+            raise ValueError("train.loss_type must be dapo, grpo, dr_grpo or bnpo")
+        if self.report_to not in ("tensorboard", "none"):
+            raise ValueError("train.report_to must be tensorboard or none")
+
+    @property
+    def episodes_per_step(self) -> int:
+        return self.tasks_per_step * self.group_size
+
+    def accumulation(self, num_processes: int) -> int:
+        """Micro-batches per optimizer step on each process; the step's episodes must split
+        evenly over processes and micro-batches (TRL's generation batch has to)."""
+        per_process, rem = divmod(self.episodes_per_step, num_processes)
+        if rem or per_process % min(self.micro_batch_size, per_process):
+            raise ValueError(
+                f"train.tasks_per_step x train.group_size = {self.episodes_per_step} episodes per "
+                f"step must split evenly over {num_processes} process(es) and micro-batches of "
+                f"train.micro_batch_size = {self.micro_batch_size}: change one of them")
+        return per_process // min(self.micro_batch_size, per_process)

@@ -1,0 +1,172 @@
+"""`obsspec train`: TRL's GRPOTrainer with speculative rollouts and world-model co-training.
+
+    summary = run_training(recipe, out_dir, resume=False, live=make_live("rich"), display=...)
+    plan = training_plan(recipe)          # --dry-run: what would run, no model loaded
+
+Setup: the task suite and (for 'tiny') the model kit are built on first use; the policy is loaded
+and served by the hf engine *in place*: the engine's model is the trainer's model, so the
+rollouts of step k+1 run on the weights that step k's optimizer update left (tested). The world
+model is served by its own engine behind a history cache (obsspec/rollout/predictors.py
+`WithHistory`), with its LoRA adapter co-trained between steps (obsspec/training/cotrain.py).
+Everything TRL does is TRL's: optimisation, clipping, logging, checkpoints.
+
+Run directory (`--out`, default RUN_DIR/train-NAME):
+- `recipe.json`               the resolved recipe; `--resume` refuses a different one
+- `metrics.jsonl`             one line per step (docs/REPORT.md); `eval.json` val before/after
+- `rollouts/step-NNNNNN/`     each step's episodes, as `obsspec rollout` writes them
+- `checkpoints/checkpoint-N/` TRL/transformers checkpoints + `obsspec_state.json` (world-model
+                              adapter version, history cache)
+- `world_model/adapters/`     published adapter versions; `tensorboard/` TRL's logs
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from obsspec.config import Recipe
+from obsspec.training.config import TrainConfig
+
+
+class TrainError(ValueError):
+    """A problem the user can fix (an existing run without --resume, a different recipe)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan (--dry-run): recipe arithmetic only
+
+
+def training_plan(recipe: Recipe, num_processes: int = 1) -> dict:
+    t, pol, wm = recipe.train, recipe.policy, recipe.world_model
+    try:
+        accum = t.accumulation(num_processes)
+    except ValueError as e:
+        raise TrainError(str(e)) from None
+    speculative = t.speculative and recipe.rollout.predictor != "none"
+    return {
+        "policy": {"model": pol.model, "engine": pol.engine, "device": pol.device,
+                   "sampling": {"temperature": pol.temperature, "top_p": pol.top_p,
+                                "max_turns": pol.max_turns, "max_new_tokens": pol.max_new_tokens,
+                                "max_context": pol.max_context}},
+        "world_model": {"model": wm.model, "engine": wm.engine, "device": wm.device,
+                        "adapter": wm.adapter or None, "used": speculative,
+                        "cotrain_every": t.cotrain_every if speculative else 0,
+                        "history_cache": t.history_cache and speculative},
+        "steps": t.steps, "processes": num_processes,
+        "per_step": {"tasks": t.tasks_per_step, "group_size": t.group_size,
+                     "episodes": t.episodes_per_step,
+                     "episodes_per_process": t.episodes_per_step // num_processes,
+                     "micro_batch": min(t.micro_batch_size, t.episodes_per_step // num_processes),
+                     "accumulation": accum},
+        "episodes_total": t.steps * t.episodes_per_step,
+        "optimizer": {"learning_rate": t.learning_rate, "schedule": t.lr_scheduler, "beta": t.beta,
+                      "clip": [t.epsilon, t.epsilon_high], "loss_type": t.loss_type},
+        "rollouts": {"speculative": speculative, "predictor": recipe.rollout.predictor,
+                     "depth": recipe.rollout.depth, "sandbox_timeout_s": recipe.sandbox.timeout_s,
+                     "output_cap": recipe.sandbox.output_cap,
+                     "emulated_latency": recipe.rollout.latency.kind},
+        "checkpoints": {"every": t.save_steps, "keep": t.save_total_limit},
+        "eval": {"val_tasks": t.eval_tasks, "group_size": t.eval_group_size},
+    }
+
+
+def grpo_args(t: TrainConfig, recipe: Recipe, out_dir: str, num_processes: int):
+    import torch
+    from trl import GRPOConfig
+
+    accum = t.accumulation(num_processes)
+    # transformers 5 takes TensorBoard's folder from the environment only
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(out_dir, "tensorboard"))
+    cuda = recipe.policy.device == "cuda" and torch.cuda.is_available()
+    return GRPOConfig(
+        output_dir=os.path.join(out_dir, "checkpoints"),
+        use_cpu=not cuda, bf16=cuda, fp16=False, activation_checkpointing=False,
+        per_device_train_batch_size=min(t.micro_batch_size, t.episodes_per_step // num_processes),
+        gradient_accumulation_steps=accum, steps_per_generation=accum, num_iterations=1,
+        num_generations=t.group_size, max_steps=t.steps, learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler, warmup_steps=0, weight_decay=0.0,
+        beta=t.beta, epsilon=t.epsilon, epsilon_high=t.epsilon_high, loss_type=t.loss_type,
+        max_grad_norm=t.max_grad_norm,
+        # the trainer's logprobs must use the temperature the rollouts sampled with
+        temperature=recipe.policy.temperature or 1.0, top_p=recipe.policy.top_p,
+        max_completion_length=recipe.policy.max_context,
+        logging_steps=1, save_strategy="steps", save_steps=t.save_steps,
+        save_total_limit=t.save_total_limit, report_to=[] if t.report_to == "none" else [t.report_to],
+        seed=t.seed, data_seed=t.seed, remove_unused_columns=False, disable_tqdm=True,
+        dataloader_num_workers=0, log_completions=False,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, display=None) -> dict:
+    from accelerate import PartialState
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from obsspec.training.setup import build_run
+    from obsspec.ui.display import NullDisplay
+
+    display = display or NullDisplay()
+    state = PartialState()
+    ckpt_dir = os.path.join(out_dir, "checkpoints")
+    checkpoint = get_last_checkpoint(ckpt_dir) if os.path.isdir(ckpt_dir) else None
+    _check_run_dir(recipe, out_dir, resume, checkpoint, state.is_main_process)
+    training_plan(recipe, state.num_processes)  # the batch arithmetic fails here, before any work
+
+    run = build_run(recipe, out_dir, state, live if state.is_main_process else None, display)
+    try:
+        if checkpoint:
+            run.restore(checkpoint)
+            display.log(f"resuming from {checkpoint} (step {run.restored_step})")
+        evals = _read_json(os.path.join(out_dir, "eval.json")) or {}
+        if "before" not in evals and state.is_main_process and recipe.train.eval_tasks:
+            evals["before"] = run.evaluate("val before training")
+            _write_json(os.path.join(out_dir, "eval.json"), evals)
+        trainer = run.trainer(grpo_args(recipe.train, recipe, out_dir, state.num_processes))
+        trainer.train(resume_from_checkpoint=checkpoint)
+        run.finish_cotraining()
+        if state.is_main_process and recipe.train.eval_tasks:
+            evals["after"] = run.evaluate("val after training")
+            _write_json(os.path.join(out_dir, "eval.json"), evals)
+        summary = run.summary(trainer, evals) if state.is_main_process else {}
+    finally:
+        run.close()
+    if state.is_main_process:
+        _write_json(os.path.join(out_dir, "summary.json"), summary)
+    return summary
+
+
+def _check_run_dir(recipe: Recipe, out_dir: str, resume: bool, checkpoint, main: bool) -> None:
+    saved = os.path.join(out_dir, "recipe.json")
+    current = json.loads(json.dumps(dataclasses.asdict(recipe), default=list))
+    if resume:
+        if not os.path.exists(saved):
+            raise TrainError(f"{out_dir}: no training run to resume (no recipe.json)")
+        before = _read_json(saved)
+        changed = sorted(k for k in set(before) | set(current) if before.get(k) != current.get(k))
+        if changed:
+            raise TrainError(f"{out_dir}: the recipe differs from the run's in {', '.join(changed)}: "
+                             "resume with the same recipe and overrides, or start a new run (--out)")
+    elif os.path.exists(saved) or checkpoint:
+        raise TrainError(f"{out_dir} already holds a training run: continue it with --resume, or "
+                         "choose another --out")
+    if main:
+        os.makedirs(out_dir, exist_ok=True)
+        _write_json(saved, current)
+
+
+def _read_json(path: str):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write_json(path: str, data) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)

@@ -1,0 +1,203 @@
+"""The rollout function TRL's GRPOTrainer calls: speculative episodes in real sandboxes -> rows.
+
+    rollouts = Rollouts(tasks, settings, policy_engine, predictor, out_dir)
+    GRPOTrainer(..., rollout_func=rollouts, reward_funcs=[rollouts.reward])
+
+TRL calls `rollouts(prompts, trainer)` once per step on every process, with that process's slice
+of the generation batch. A prompt is a task id (the dataset's `prompt` column), already repeated
+`group_size` times in a row (trl 1.16 repeats them before the call). All the slice's episodes run
+at once through the one episode loop (obsspec/rollout/scheduler.py), so group members share the
+engine's batches and the history cache. One row per episode:
+- `prompt_ids`      the instruction as the policy saw it;
+- `completion_ids`  actions and observations, ending with EOS (appended, masked, after a last
+                    observation: TRL drops rows that do not end with EOS when asked to);
+- `logprobs`        the sampled tokens' logprobs (0.0 on observation tokens);
+- `env_mask`        1 on the policy's own tokens, 0 on observations: only actions are trained;
+- `verifier_reward` the verifier's reward, or None for an infrastructure failure. TRL turns a
+                    None into NaN, leaves it out of its group's mean and std and gives it zero
+                    advantage; its env_mask is all 0 as well, so the row adds no gradient at all.
+Episode numbers (and so the sampling seeds) follow from the step and the process: a resumed run
+draws exactly the seeds the uninterrupted one would have.
+
+Each step's episodes are written like an `obsspec rollout` run under
+`rollouts/step-NNNNNN/` (episodes.jsonl, trajectories-<mode>.jsonl, trace-<mode>.jsonl,
+summary.json), so `obsspec report` and `obsspec rollout --replay` read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from obsspec.commands import command_class
+from obsspec.env.task import Task
+from obsspec.rollout.events import EventBus, JsonlTrace
+from obsspec.rollout.metrics import SpecMetrics
+from obsspec.rollout.scheduler import Sampling, Scheduler
+from obsspec.rollout.trajectory import Trajectory
+from obsspec.ui.live import NoLive
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    sampling: Sampling
+    cap: int                       # sandbox.output_cap
+    speculative: bool
+    depth: int
+    episodes_per_step: int         # over all processes
+    make_tool: object              # (task, episode) -> Tool
+    concurrency: int = 0
+
+
+@dataclass
+class StepRollouts:
+    """What one step's rollouts produced on this process."""
+
+    step: int                                  # the optimizer step these rollouts feed (1-based)
+    trajectories: list[Trajectory]
+    metrics: dict
+    class_hits: dict = field(default_factory=dict)   # command class -> [matches, verified drafts]
+    sec: float = 0.0
+
+
+class Rollouts:
+    def __init__(self, tasks: dict[str, Task], settings: RolloutSettings, policy, fmt, predictor,
+                 out_dir: str, rank: int = 0, live=None):
+        self.tasks, self.settings, self.policy, self.fmt = tasks, settings, policy, fmt
+        self.predictor, self.out_dir, self.rank = predictor, out_dir, rank
+        self.live = live or NoLive()
+        self.last: StepRollouts | None = None
+        self.before_rollouts = []     # callables run before each step's rollouts (adapter swaps)
+        self.after_rollouts = []      # callables given each StepRollouts (co-training)
+
+    # -- the rollout function --------------------------------------------------------------------
+    def __call__(self, prompts: list[str], trainer) -> dict:
+        step = trainer.state.global_step + 1
+        first = (step - 1) * self.settings.episodes_per_step + self.rank * len(prompts)
+        for hook in self.before_rollouts:
+            hook(step)
+        unknown = sorted({p for p in prompts if p not in self.tasks})
+        if unknown:
+            raise KeyError(f"prompts that are not task ids of this run: {unknown[:3]}")
+        result = self.run([self.tasks[p] for p in prompts], step, first)
+        for hook in self.after_rollouts:
+            hook(result)
+        return self.rows(result.trajectories)
+
+    def run(self, tasks: list[Task], step: int, first_episode: int, label: str = "") -> StepRollouts:
+        """Run episodes `first_episode + i` on `tasks` (also used for val evaluation)."""
+        s = self.settings
+        bus, metrics = EventBus(), SpecMetrics()
+        bus.subscribe(metrics)
+        mode = "speculative" if s.speculative else "sequential"
+        out = self._step_dir(step) if not label else None
+        trace = JsonlTrace(os.path.join(out, f"trace-{mode}.jsonl"), mode) if out else None
+        if trace:
+            bus.subscribe(trace)
+        sched = Scheduler(self.policy, self.fmt, bus, s.sampling, cap=s.cap,
+                          predictor=self.predictor if s.speculative else None, depth=s.depth)
+        t0 = time.monotonic()
+        self.live.start(metrics, len(tasks), label or f"step {step} rollouts")
+        try:
+            trajectories = asyncio.run(sched.run_batch(tasks, s.make_tool, speculative=s.speculative,
+                                                       concurrency=s.concurrency, first_episode=first_episode))
+        finally:
+            self.live.stop()
+            if trace:
+                trace.close()
+        result = StepRollouts(step, trajectories, metrics.summary(), class_hits(trajectories),
+                              time.monotonic() - t0)
+        result.metrics.update(outcome_metrics(trajectories))
+        if hasattr(self.predictor, "lookups") and s.speculative:
+            result.metrics["cache/lookups"] = self.predictor.lookups
+            result.metrics["cache/hits"] = self.predictor.hits
+        if out:
+            self._write(out, mode, tasks, result, first_episode)
+        if not label:
+            self.last = result
+        return result
+
+    def reward(self, prompts=None, completions=None, verifier_reward=None, log_metric=None, **_) -> list:
+        """TRL reward function: the verifier's reward each row carries (None = infra failure),
+        and this step's rollout metrics logged alongside TRL's own."""
+        if log_metric is not None and self.last is not None:
+            for name, value in scalar_metrics(self.last.metrics).items():
+                log_metric(name, value)
+        return list(verifier_reward)
+
+    # -- rows and files ---------------------------------------------------------------------------
+    def rows(self, trajectories: list[Trajectory]) -> dict:
+        eos = self.fmt.tokenizer.eos_token_id
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
+               "verifier_reward": [], "infra_error": []}
+        for tr in trajectories:
+            p = tr.prompt_len
+            ids, lps, mask = tr.ids[p:], tr.logprobs[p:], tr.policy_mask[p:]
+            if not ids or ids[-1] != eos:
+                ids, lps, mask = ids + [eos], lps + [0.0], mask + [0]
+            if tr.infra_error:
+                mask = [0] * len(ids)  # no gradient from an episode the infrastructure broke
+            out["prompt_ids"].append(tr.ids[:p])
+            out["completion_ids"].append(ids)
+            out["logprobs"].append(lps)
+            out["env_mask"].append(mask)
+            out["verifier_reward"].append(None if tr.infra_error else tr.reward)
+            out["infra_error"].append(tr.infra_error)
+        return out
+
+    def _step_dir(self, step: int) -> str:
+        name = f"step-{step:06d}" + (f".rank{self.rank}" if self.rank else "")
+        path = os.path.join(self.out_dir, "rollouts", name)
+        if os.path.isdir(path):  # a step redone after a resume: the earlier attempt is kept aside
+            shutil.move(path, os.path.join(self.out_dir, "rollouts", "discarded",
+                                           f"{name}.{int(time.time())}"))
+        os.makedirs(path)
+        return path
+
+    def _write(self, out: str, mode: str, tasks: list[Task], result: StepRollouts, first: int) -> None:
+        with open(os.path.join(out, "episodes.jsonl"), "w") as f:
+            for i, t in enumerate(tasks):
+                f.write(json.dumps({"episode": first + i, "task": t.to_dict()}, sort_keys=True) + "\n")
+        with open(os.path.join(out, f"trajectories-{mode}.jsonl"), "w") as f:
+            for tr in result.trajectories:
+                f.write(json.dumps(tr.to_dict(), sort_keys=True) + "\n")
+        summary = {"command": "train", "step": result.step, "episodes": len(tasks),
+                   "modes": {mode: result.metrics}, "spec/class_hits": result.class_hits}
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-step figures
+
+
+def outcome_metrics(trajectories: list[Trajectory]) -> dict:
+    """Success and infrastructure failures over a step's episodes (infra failures excluded from
+    the success rate: they are neither successes nor failures of the agent)."""
+    scored = [t.reward for t in trajectories if not t.infra_error and t.reward is not None]
+    return {"success_frac": sum(r >= 1.0 for r in scored) / len(scored) if scored else None,
+            "infra_failures": sum(1 for t in trajectories if t.infra_error),
+            "turns_mean": sum(len(t.turns) for t in trajectories) / max(1, len(trajectories))}
+
+
+def class_hits(trajectories: list[Trajectory]) -> dict:
+    """Command class -> [matches, drafts verified] over the step's bash turns."""
+    hits, seen = Counter(), Counter()
+    for tr in trajectories:
+        for turn in tr.turns:
+            if turn.kind == "bash" and turn.spec in ("match", "rollback"):
+                c = command_class(turn.command, turn.observation)
+                seen[c] += 1
+                hits[c] += turn.spec == "match"
+    return {c: [hits[c], seen[c]] for c in sorted(seen)}
+
+
+def scalar_metrics(metrics: dict) -> dict:
+    """The numeric entries of a metrics dict (what TensorBoard and log_metric can take)."""
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -1,0 +1,241 @@
+"""The parts of a training run and how they connect (obsspec/training/grpo.py drives them).
+
+`build_run` loads tasks and models, serves the policy and the world model, and returns a
+`TrainingRun`: it makes the GRPOTrainer (rollout function, reward, callbacks), restores our own
+state from a checkpoint, evaluates on val tasks, and closes the engines.
+
+Callbacks:
+- `MetricsLog`   one line per step in metrics.jsonl: TRL's logs + the step's rollout metrics
+                 (the raw summary, None kept) + per-class hits + world-model version/loss;
+- `StateSaver`   next to each TRL checkpoint, `obsspec_state.json`: the world-model adapter
+                 version serving the next rollouts and the history cache. TRL's own step counter
+                 and generation buffer are not saved, and need not be: one generation round is one
+                 optimizer step here (steps_per_generation = accumulation, num_iterations = 1), so a
+                 resumed run regenerates exactly at the step boundary it stopped on, and episode
+                 seeds follow from the step number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+from transformers import TrainerCallback
+
+from obsspec.config import Recipe
+from obsspec.env.suite import load_tasks, prepare_tasks, spread
+from obsspec.rollout.config import sampling
+from obsspec.rollout.predictors import WithHistory, WorldModelPredictor
+from obsspec.rollout.tools import SandboxTool
+from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics
+
+STATE_FILE = "obsspec_state.json"
+EVAL_EPISODES = 10**9  # val episodes are numbered from here: the same seeds before and after
+
+
+def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRun":
+    from obsspec.rollout.run import check_same_tokenizer, make_engine, model_paths
+    from obsspec.tokens import ChatFormat
+
+    tasks_dir = recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks")
+    with state.main_process_first():  # one process prepares the suite and builds the kit
+        if not os.path.exists(os.path.join(tasks_dir, "trajectories.jsonl")):
+            display.log(f"no prepared task suite at {tasks_dir}: preparing it now")
+            asyncio.run(prepare_tasks(recipe, tasks_dir, display))
+        policy_path, wm_path = model_paths(recipe, display)
+    train = load_tasks(os.path.join(tasks_dir, "train.jsonl"))
+    val_file = os.path.join(tasks_dir, "val.jsonl")
+    val = load_tasks(val_file) if os.path.exists(val_file) else []
+    if not train:
+        raise ValueError(f"{tasks_dir}: the train split has no tasks")
+    policy_engine, tokenizer = make_engine(recipe.policy, policy_path, recipe.policy.max_batch_size)
+    fmt = ChatFormat(tokenizer)
+    t = recipe.train
+    speculative = t.speculative and recipe.rollout.predictor != "none"
+    wm_engine = predictor = None
+    if speculative:
+        wm_engine, wm_tokenizer = make_engine(recipe.world_model, wm_path)
+        check_same_tokenizer(tokenizer, wm_tokenizer, wm_path)
+        wm = recipe.world_model
+        predictor = WorldModelPredictor(wm_engine, fmt, cap=recipe.sandbox.output_cap,
+                                        max_tokens=wm.max_tokens, breadth=recipe.rollout.breadth,
+                                        temperature=wm.temperature, seed=t.seed)
+        if wm.adapter:
+            asyncio.run(wm_engine.load_adapter("wm-v0", wm.adapter))
+            predictor.adapter = "wm-v0"
+        if t.history_cache:
+            predictor = WithHistory(predictor)
+    settings = RolloutSettings(
+        sampling=sampling(recipe.policy, t.seed), cap=recipe.sandbox.output_cap,
+        speculative=speculative, depth=recipe.rollout.depth, episodes_per_step=t.episodes_per_step,
+        make_tool=lambda task, episode: SandboxTool(task, episode, recipe.sandbox, recipe.rollout.latency),
+        concurrency=recipe.rollout.concurrency)
+    by_id = {task.task_id: task for task in train}
+    rollouts = Rollouts(by_id, settings, policy_engine, fmt, predictor, out_dir,
+                        rank=state.process_index, live=live)
+    cotrainer = None
+    if speculative and t.cotrain_every and state.is_main_process:
+        from obsspec.training.cotrain import CoTrainer
+
+        cotrainer = CoTrainer(recipe, wm_path, wm_engine, _inner(predictor), out_dir, display)
+        rollouts.before_rollouts.append(cotrainer.before_rollouts)
+        rollouts.after_rollouts.append(cotrainer.after_rollouts)
+    return TrainingRun(recipe, out_dir, state, train, val, policy_engine, wm_engine, tokenizer,
+                       rollouts, predictor, cotrainer, display)
+
+
+def _inner(predictor):
+    return predictor.inner if isinstance(predictor, WithHistory) else predictor
+
+
+class TrainingRun:
+    def __init__(self, recipe, out_dir, state, train, val, policy_engine, wm_engine, tokenizer,
+                 rollouts, predictor, cotrainer, display):
+        self.recipe, self.out_dir, self.state = recipe, out_dir, state
+        self.train, self.val = train, val
+        self.policy_engine, self.wm_engine, self.tokenizer = policy_engine, wm_engine, tokenizer
+        self.rollouts, self.predictor, self.cotrainer, self.display = rollouts, predictor, cotrainer, display
+        self.restored_step = 0
+
+    @property
+    def model(self):
+        return self.policy_engine.model  # the engine's model is the one the trainer trains
+
+    def trainer(self, args):
+        from datasets import Dataset
+        from trl import GRPOTrainer
+
+        # The prompt is the task id; the rollout function renders the task's instruction.
+        dataset = Dataset.from_list([{"prompt": task.task_id} for task in self.train])
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        trainer = GRPOTrainer(model=self.model, reward_funcs=[self.rollouts.reward], args=args,
+                              train_dataset=dataset, processing_class=self.tokenizer,
+                              rollout_func=self.rollouts,
+                              callbacks=[MetricsLog(self), StateSaver(self)])
+        from transformers import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # MetricsLog prints a line per step instead
+        return trainer
+
+    # -- our state in checkpoints ----------------------------------------------------------------
+    def save_state(self, checkpoint_dir: str) -> None:
+        if self.cotrainer is not None:
+            self.cotrainer.finish()  # the version the next rollouts will use
+        state = {"wm_version": self.cotrainer.version if self.cotrainer else None,
+                 "history": self.predictor.cache.state() if isinstance(self.predictor, WithHistory) else None}
+        with open(os.path.join(checkpoint_dir, STATE_FILE), "w") as f:
+            json.dump(state, f)
+
+    def restore(self, checkpoint_dir: str) -> None:
+        path = os.path.join(checkpoint_dir, STATE_FILE)
+        if not os.path.exists(path):
+            raise ValueError(f"{checkpoint_dir} has no {STATE_FILE}: it was not written by obsspec train "
+                             "(or the save was interrupted); remove it to resume from the one before")
+        with open(path) as f:
+            state = json.load(f)
+        if state.get("history") is not None and isinstance(self.predictor, WithHistory):
+            self.predictor.cache.load_state(state["history"])
+        if self.cotrainer is not None:
+            self.cotrainer.restore(state.get("wm_version"))
+        self.restored_step = int(os.path.basename(checkpoint_dir).rsplit("-", 1)[-1])
+        _truncate_metrics(os.path.join(self.out_dir, "metrics.jsonl"), self.restored_step)
+
+    # -- evaluation, end -------------------------------------------------------------------------
+    def evaluate(self, label: str) -> dict:
+        t = self.recipe.train
+        tasks = [task for task in spread(self.val, min(t.eval_tasks, len(self.val)))
+                 for _ in range(t.eval_group_size)]
+        if not tasks:
+            return {"episodes": 0}
+        result = self.rollouts.run(tasks, step=0, first_episode=EVAL_EPISODES, label=label)
+        scored = [tr.reward for tr in result.trajectories if not tr.infra_error]
+        out = {**outcome_metrics(result.trajectories), "episodes": len(tasks),
+               "reward_mean": sum(scored) / len(scored) if scored else None}
+        self.display.log(f"{label}: success {out['success_frac']}, over {len(tasks)} episodes")
+        return out
+
+    def finish_cotraining(self) -> None:
+        if self.cotrainer is not None:
+            self.cotrainer.finish()
+
+    def summary(self, trainer, evals: dict) -> dict:
+        rows = _read_metrics(os.path.join(self.out_dir, "metrics.jsonl"))
+        rewards = [r.get("reward") for r in rows if r.get("reward") is not None]
+        third = max(1, len(rewards) // 3)
+        return {"command": "train", "out_dir": self.out_dir, "steps": trainer.state.global_step,
+                "reward_first_third": sum(rewards[:third]) / third if rewards else None,
+                "reward_last_third": sum(rewards[-third:]) / third if rewards else None,
+                "eval": evals, "wm_version": self.cotrainer.version if self.cotrainer else None,
+                "infra_failures": sum(r.get("infra_failures", 0) or 0 for r in rows),
+                "latency_saved_sec": sum(r.get("latency_saved_sec") or 0.0 for r in rows)}
+
+    def close(self) -> None:
+        if self.cotrainer is not None:
+            self.cotrainer.close()
+        self.policy_engine.close()
+        if self.wm_engine is not None:
+            self.wm_engine.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Callbacks
+
+
+class MetricsLog(TrainerCallback):
+    def __init__(self, run: TrainingRun):
+        self.run = run
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        last = self.run.rollouts.last
+        if not self.run.state.is_main_process or last is None or "loss" not in (logs or {}):
+            return
+        row = {**(logs or {}), **last.metrics, "step": state.global_step,
+               "spec/class_hits": last.class_hits, "rollout_sec": last.sec}
+        if self.run.cotrainer is not None:
+            row.update(self.run.cotrainer.metrics())
+        with open(os.path.join(self.run.out_dir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(row, sort_keys=True, default=str) + "\n")
+        self.run.display.log(_step_line(row, args.max_steps))
+
+
+class StateSaver(TrainerCallback):
+    def __init__(self, run: TrainingRun):
+        self.run = run
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.run.state.is_main_process:
+            self.run.save_state(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+
+
+def _step_line(row: dict, steps: int) -> str:
+    def pct(k):
+        v = row.get(k)
+        return "-" if v is None else f"{100 * v:.0f}%"
+
+    return (f"step {row['step']}/{steps}: reward {row.get('reward', 0):.3f}, success {pct('success_frac')}, "
+            f"hit rate {pct('spec/exact_frac')}, saved {row.get('latency_saved_sec', 0):.1f}s "
+            f"({pct('latency_saved_frac')} of rollout time), infra failures {row.get('infra_failures', 0)}")
+
+
+def _read_metrics(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _truncate_metrics(path: str, step: int) -> None:
+    """Steps after the checkpoint are redone on resume: their lines move to metrics-discarded.jsonl."""
+    rows = _read_metrics(path)
+    keep = [r for r in rows if r["step"] <= step]
+    dropped = [r for r in rows if r["step"] > step]
+    if not dropped:
+        return
+    with open(path.replace("metrics.jsonl", "metrics-discarded.jsonl"), "a") as f:
+        for r in dropped:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    with open(path + ".tmp", "w") as f:
+        for r in keep:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    os.replace(path + ".tmp", path)

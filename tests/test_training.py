@@ -1,0 +1,196 @@
+"""Tests of `obsspec train` pieces that need no sandbox: rows for TRL, infra-failure exclusion,
+the recipe section and the plan.
+
+Run: .venv/bin/python -m pytest -q tests/test_training.py
+"""
+
+import math
+
+import pytest
+import torch
+
+from obsspec import chat
+
+from obsspec.config import ConfigError, load_recipe
+from obsspec.models import tiny
+from obsspec.models.config import TinyModelConfig
+from obsspec.models.tokenizer import train_tokenizer
+from obsspec.rollout.predictors import HistoryCache, PredictRequest, WithHistory
+from obsspec.rollout.trajectory import Trajectory, Turn
+from obsspec.tokens import ChatFormat
+from obsspec.training.config import TrainConfig
+from obsspec.training.grpo import TrainError, training_plan
+from obsspec.training.rollouts import RolloutSettings, Rollouts, StepRollouts, class_hits, outcome_metrics
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    texts = ["ls -l data", "cat data/a.txt | wc -l > answer.txt", "How many files are in /app/data?"] * 20
+    return train_tokenizer(texts, vocab_size=400)
+
+
+@pytest.fixture(scope="module")
+def fmt(tokenizer):
+    return ChatFormat(tokenizer)
+
+
+def episode(fmt, i: int, reward, infra: str = "", close_with_eos: bool = True) -> Trajectory:
+    """prompt, `ls` + <|im_end|>, its observation, then (optionally) a last <|im_end|>."""
+    tr = Trajectory.start(i, "t0", fmt.prompt_ids("How many files are in /app/data?"))
+    action = fmt.action_ids(chat.render_bash("ls"))
+    tr.append_action(action, [-0.5] * len(action))
+    ids, body = fmt.observation_ids("a.txt\n(exit_code=0)")
+    tr.append_observation(ids, body, len(fmt.obs_close_ids))
+    tr.turns.append(Turn("ls", "bash", command="ls", observation="a.txt\n(exit_code=0)", spec="match"))
+    if close_with_eos:
+        tr.append_action([fmt.tokenizer.eos_token_id], [-0.1])
+    tr.reward, tr.infra_error = reward, infra
+    return tr
+
+
+def rollouts_for(fmt, trajectories) -> Rollouts:
+    settings = RolloutSettings(sampling=None, cap=0, speculative=False, depth=1,
+                               episodes_per_step=len(trajectories), make_tool=None)
+    r = Rollouts({"t0": None}, settings, policy=None, fmt=fmt, predictor=None, out_dir="")
+    r.run = lambda tasks, step, first, label="": _stash(r, StepRollouts(step, trajectories, {"spec/exact_frac": 0.5}))
+    return r
+
+
+def _stash(r, result):
+    r.last = result
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows
+
+
+def test_rows_mask_observations_and_end_with_eos(fmt):
+    ok, open_end = episode(fmt, 0, 1.0), episode(fmt, 1, 0.0, close_with_eos=False)
+    rows = rollouts_for(fmt, [ok, open_end]).rows([ok, open_end])
+    eos = fmt.tokenizer.eos_token_id
+    for i, tr in enumerate([ok, open_end]):
+        comp = rows["completion_ids"][i]
+        assert rows["prompt_ids"][i] == tr.ids[:tr.prompt_len]
+        assert comp[-1] == eos, "TRL drops rows that do not end with EOS when masking truncation"
+        assert len(comp) == len(rows["logprobs"][i]) == len(rows["env_mask"][i])
+        # env_mask is the policy mask: observation tokens are never trained on
+        assert rows["env_mask"][i][:len(tr.ids) - tr.prompt_len] == tr.policy_mask[tr.prompt_len:]
+    assert len(rows["completion_ids"][1]) == len(open_end.ids) - open_end.prompt_len + 1
+    assert rows["env_mask"][1][-1] == 0, "the appended EOS is not the policy's token"
+    assert rows["verifier_reward"] == [1.0, 0.0]
+
+
+def test_an_infra_failure_has_no_reward_and_no_trainable_token(fmt):
+    broken = episode(fmt, 0, None, infra="SandboxError: the sandbox died")
+    rows = rollouts_for(fmt, [broken]).rows([broken])
+    assert rows["verifier_reward"] == [None]
+    assert set(rows["env_mask"][0]) == {0}
+    assert rows["infra_error"] == ["SandboxError: the sandbox died"]
+    assert outcome_metrics([broken, episode(fmt, 1, 1.0)])["infra_failures"] == 1
+    assert outcome_metrics([broken, episode(fmt, 1, 1.0)])["success_frac"] == 1.0, \
+        "an infra failure is neither a success nor a failure of the agent"
+
+
+def test_trl_leaves_an_infra_failure_out_of_its_groups_baseline(fmt, tokenizer, tmp_path, monkeypatch):
+    """Through the real GRPOTrainer: rewards [1, 0, None, 1] in one group. The None row gets zero
+    advantage and no loss mask; the others are normalised by the mean/std of [1, 0, 1] only
+    (TRL's nansum would have scored it 0 and moved the baseline to 0.5)."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    rewards = [1.0, 0.0, None, 1.0]
+    trajs = [episode(fmt, i, r, infra="" if r is not None else "SandboxError: died") for i, r in enumerate(rewards)]
+    rollouts = rollouts_for(fmt, trajs)
+    model = tiny.build_model(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                                             head_dim=8, intermediate_size=32), tokenizer, 512)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=4,
+                      num_generations=4, max_steps=1, report_to=[], disable_tqdm=True,
+                      remove_unused_columns=False, activation_checkpointing=False)
+    trainer = GRPOTrainer(model=model, reward_funcs=[rollouts.reward], args=args,
+                          train_dataset=Dataset.from_list([{"prompt": "t0"}]), processing_class=tokenizer,
+                          rollout_func=rollouts)
+    out = trainer._generate_and_score_completions([{"prompt": "t0"} for _ in rewards])
+    adv = out["advantages"].tolist()
+    kept = torch.tensor([1.0, 0.0, 1.0])
+    mean, std = kept.mean().item(), kept.std().item()
+    for i, r in enumerate(rewards):
+        if r is None:
+            assert adv[i] == 0.0, "an infra failure must get zero advantage"
+        else:
+            assert math.isclose(adv[i], (r - mean) / (std + 1e-4), rel_tol=1e-4), \
+                f"row {i}: advantage {adv[i]} is not against the baseline of the scored rows only"
+    loss_mask = out["completion_mask"] * out["tool_mask"]
+    assert loss_mask[2].sum().item() == 0, "an infra failure must add no gradient"
+    assert loss_mask[0].sum().item() > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Predictors, per-class hits
+
+
+def test_history_cache_answers_first_and_its_state_round_trips():
+    class Never:
+        name = "never"
+        asked = 0
+
+        async def predict(self, request):
+            Never.asked += 1
+            return []
+
+        def learn(self, request, body):
+            pass
+
+    import asyncio
+
+    p = WithHistory(Never())
+    req = PredictRequest("k", "t", 0, 0, ("ls",), (1, 2))
+    assert asyncio.run(p.predict(req)) == [] and Never.asked == 1
+    p.learn(req, "a\n(exit_code=0)")
+    assert asyncio.run(p.predict(req))[0].body == "a\n(exit_code=0)" and Never.asked == 1
+    assert (p.lookups, p.hits) == (2, 1)
+    again = HistoryCache()
+    again.load_state(p.cache.state())
+    assert asyncio.run(again.predict(req))[0].body == "a\n(exit_code=0)"
+
+
+def test_class_hits_count_matches_over_verified_drafts(fmt):
+    a, b = episode(fmt, 0, 1.0), episode(fmt, 1, 0.0)
+    b.turns[0].spec = "rollback"
+    assert class_hits([a, b]) == {"ls": [1, 2]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Recipe section and plan
+
+
+def test_train_section_checks_say_what_to_change():
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        TrainConfig(group_size=1)
+    with pytest.raises(ValueError, match="loss_type"):
+        TrainConfig(loss_type="ppo")
+    with pytest.raises(ValueError, match="split evenly"):
+        TrainConfig(tasks_per_step=3, group_size=2, micro_batch_size=4).accumulation(1)
+    assert TrainConfig(tasks_per_step=16, group_size=16, micro_batch_size=4).accumulation(2) == 32
+    with pytest.raises(ConfigError, match="train.bogus"):
+        load_recipe("recipes/tiny-cpu.yaml", ["train.bogus=1"])
+    assert load_recipe(None, ["train.learning_rate=1e-3"]).train.learning_rate == 1e-3
+
+
+@pytest.mark.parametrize("name", ["tiny-cpu", "terminal-8b", "terminal-32b"])
+def test_every_training_recipe_has_a_plan(name):
+    plan = training_plan(load_recipe(f"recipes/{name}.yaml"))
+    per = plan["per_step"]
+    assert per["micro_batch"] * per["accumulation"] * plan["processes"] == per["episodes"]
+    assert plan["episodes_total"] == plan["steps"] * per["episodes"]
+
+
+def test_published_settings_in_the_gpu_recipes():
+    r = load_recipe("recipes/terminal-8b.yaml")
+    assert (r.train.tasks_per_step, r.train.group_size, r.train.learning_rate) == (16, 16, 1e-6)
+    assert (r.policy.max_turns, r.sandbox.timeout_s, r.sandbox.output_cap) == (32, 30, 10000)
+    assert r.policy.model == "Qwen/Qwen3-8B" and r.world_model.model == "Qwen/Qwen3-0.6B"
+    assert load_recipe("recipes/terminal-32b.yaml").policy.model == "Qwen/Qwen3-32B"
+    with pytest.raises(TrainError, match="split evenly"):
+        training_plan(r, num_processes=3)

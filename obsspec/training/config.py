@@ -15,6 +15,9 @@ from obsspec.fields import doc
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = doc(40, "Optimizer steps (each: one round of rollouts, then one GRPO update).")
+    families: tuple[str, ...] = doc((), "Train (and evaluate) on these task families only; empty = "
+                                        "every family of the suite. GRPO learns nothing from tasks "
+                                        "the policy never solves (every group's advantage is 0).")
     tasks_per_step: int = doc(4, "Train tasks per step (distinct prompts).")
     group_size: int = doc(4, "Episodes per task (the GRPO group whose mean is the baseline).")
     micro_batch_size: int = doc(16, "Episodes per forward/backward pass on one process; the step's "

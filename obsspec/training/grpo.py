@@ -43,6 +43,13 @@ def training_plan(recipe: Recipe, num_processes: int = 1) -> dict:
         accum = t.accumulation(num_processes)
     except ValueError as e:
         raise TrainError(str(e)) from None
+    if pol.engine == "vllm":
+        raise TrainError("policy.engine=vllm is not supported by obsspec train yet: the trainer's "
+                         "weights are not pushed to a vLLM server, so rollouts would be off-policy. "
+                         "Use policy.engine=hf (it serves the live weights; docs/TRAINING.md)")
+    if pol.temperature <= 0:
+        raise TrainError("policy.temperature is 0 (greedy): every episode of a GRPO group would be "
+                         "the same, so no group has signal; set policy.temperature > 0")
     speculative = t.speculative and recipe.rollout.predictor != "none"
     return {
         "policy": {"model": pol.model, "engine": pol.engine, "device": pol.device,

@@ -37,6 +37,7 @@ EVAL_EPISODES = 10**9  # val episodes are numbered from here: the same seeds bef
 def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRun":
     from obsspec.rollout.run import check_same_tokenizer, make_engine, model_paths
     from obsspec.tokens import ChatFormat
+    from obsspec.training.grpo import TrainError
 
     tasks_dir = recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks")
     with state.main_process_first():  # one process prepares the suite and builds the kit
@@ -44,14 +45,16 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
             display.log(f"no prepared task suite at {tasks_dir}: preparing it now")
             asyncio.run(prepare_tasks(recipe, tasks_dir, display))
         policy_path, wm_path = model_paths(recipe, display)
-    train = load_tasks(os.path.join(tasks_dir, "train.jsonl"))
+    t = recipe.train
+    keep = (lambda task: task.family in t.families) if t.families else (lambda task: True)
+    train = [task for task in load_tasks(os.path.join(tasks_dir, "train.jsonl")) if keep(task)]
     val_file = os.path.join(tasks_dir, "val.jsonl")
-    val = load_tasks(val_file) if os.path.exists(val_file) else []
+    val = [task for task in load_tasks(val_file) if keep(task)] if os.path.exists(val_file) else []
     if not train:
-        raise ValueError(f"{tasks_dir}: the train split has no tasks")
+        raise TrainError(f"{tasks_dir}: no train tasks" + (f" of the families {list(t.families)} "
+                         "(train.families)" if t.families else ""))
     policy_engine, tokenizer = make_engine(recipe.policy, policy_path, recipe.policy.max_batch_size)
     fmt = ChatFormat(tokenizer)
-    t = recipe.train
     speculative = t.speculative and recipe.rollout.predictor != "none"
     wm_engine = predictor = None
     if speculative:

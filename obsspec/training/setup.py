@@ -165,13 +165,17 @@ class TrainingRun:
     def summary(self, trainer, evals: dict) -> dict:
         rows = _read_metrics(os.path.join(self.out_dir, "metrics.jsonl"))
         rewards = [r.get("reward") for r in rows if r.get("reward") is not None]
+        saved = sum(r.get("latency_saved_sec") or 0.0 for r in rows)
+        rollout_sec = sum(r.get("rollout_sec") or 0.0 for r in rows)
         third = max(1, len(rewards) // 3)
         return {"command": "train", "out_dir": self.out_dir, "steps": trainer.state.global_step,
                 "reward_first_third": sum(rewards[:third]) / third if rewards else None,
                 "reward_last_third": sum(rewards[-third:]) / third if rewards else None,
                 "eval": evals, "wm_version": self.cotrainer.version if self.cotrainer else None,
                 "infra_failures": sum(r.get("infra_failures", 0) or 0 for r in rows),
-                "latency_saved_sec": sum(r.get("latency_saved_sec") or 0.0 for r in rows)}
+                "hit_rate_mean": _mean([r.get("spec/exact_frac") for r in rows]),
+                "latency_saved_sec": saved, "rollout_sec": rollout_sec,
+                "latency_saved_frac": _mean([r.get("latency_saved_frac") for r in rows])}
 
     def close(self) -> None:
         if self.cotrainer is not None:
@@ -219,6 +223,11 @@ def _step_line(row: dict, steps: int) -> str:
     return (f"step {row['step']}/{steps}: reward {row.get('reward', 0):.3f}, success {pct('success_frac')}, "
             f"hit rate {pct('spec/exact_frac')}, saved {row.get('latency_saved_sec', 0):.1f}s "
             f"({pct('latency_saved_frac')} of rollout time), infra failures {row.get('infra_failures', 0)}")
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 def _read_metrics(path: str) -> list[dict]:

@@ -62,3 +62,31 @@ def print_rollout_table(summary: dict) -> None:
             console.print(f"episodes differing first in a tool observation (the tool printed something "
                           f"else): {comp['differing_first_in_observation']}; first in a policy action: "
                           f"{comp['differing_first_in_action']}")
+
+
+def print_training_table(summary: dict, latency) -> None:
+    """The end of `obsspec train` (and the demo): reward over the run, val before/after, speculation."""
+    from rich.console import Console
+    from rich.table import Table
+
+    ev = summary.get("eval", {})
+    emulated = getattr(latency, "kind", "none") != "none"
+    table = Table(title=f"training: {summary.get('steps')} steps" +
+                  (" (tool latency includes EMULATED remote latency)" if emulated else ""))
+    table.add_column("")
+    table.add_column("value", justify="right")
+    rows = [
+        ("mean reward, first third of the steps", cell(summary.get("reward_first_third"))),
+        ("mean reward, last third of the steps", cell(summary.get("reward_last_third"))),
+        ("val success before training", cell(ev.get("before", {}).get("success_frac"), True)),
+        ("val success after training", cell(ev.get("after", {}).get("success_frac"), True)),
+        ("hit rate (mean over steps)", cell(summary.get("hit_rate_mean"), True)),
+        ("rollout time hidden by speculation (s)", cell(summary.get("latency_saved_sec"))),
+        ("share of rollout time hidden", cell(summary.get("latency_saved_frac"), True)),
+        ("world-model adapter versions", cell(summary.get("wm_version"))),
+        ("infra failures (excluded)", cell(summary.get("infra_failures"))),
+        ("run directory", str(summary.get("out_dir"))),
+    ]
+    for label, value in rows:
+        table.add_row(label, value)
+    Console().print(table)

@@ -24,6 +24,7 @@ from obsspec.env.sandbox import SandboxConfig
 from obsspec.fields import doc
 from obsspec.models.config import KitConfig
 from obsspec.rollout.config import PolicyConfig, RolloutConfig, WorldModelConfig
+from obsspec.worldmodel.config import WorldModelTrainConfig
 
 
 class ConfigError(ValueError):
@@ -64,6 +65,8 @@ class Recipe:
     policy: PolicyConfig = doc(PolicyConfig(), "The policy model and how it samples.")
     world_model: WorldModelConfig = doc(WorldModelConfig(), "The world model that drafts observations.")
     rollout: RolloutConfig = doc(RolloutConfig(), "Rollouts: mode, predictor, tasks, latency.")
+    wm_train: WorldModelTrainConfig = doc(WorldModelTrainConfig(), "World-model LoRA fine-tuning "
+                                          "(`obsspec train-worldmodel`, and co-training).")
 
     def __post_init__(self) -> None:
         # Cross-section checks: each names the keys to change.

@@ -34,7 +34,10 @@ ADAPTER_FILES = ("adapter_config.json",)
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 
 
-class AdapterError(ValueError):
+from obsspec.worldmodel.config import WorldModelError
+
+
+class AdapterError(WorldModelError):
     """A folder that is not a usable adapter, or a version that does not exist (user error)."""
 
 
@@ -108,6 +111,7 @@ class AdapterStore:
         versions = self.versions()
         version = AdapterVersion.at(self.root, versions[-1].version + 1 if versions else 1)
         tmp = tempfile.mkdtemp(prefix=".publishing-", dir=self.root)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a vLLM server may run as another user
         try:
             for name in os.listdir(trained_dir):
                 src = os.path.join(trained_dir, name)
@@ -128,6 +132,7 @@ class AdapterStore:
         fd, tmp = tempfile.mkstemp(prefix=".latest-", dir=self.root)
         with os.fdopen(fd, "w") as f:
             f.write(os.path.basename(version.path) + "\n")
+        os.chmod(tmp, 0o644)
         os.replace(tmp, os.path.join(self.root, LATEST))
 
     def _remove_leftovers(self) -> None:

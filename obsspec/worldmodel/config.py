@@ -12,6 +12,11 @@ from obsspec.fields import doc
 
 # Every linear layer of a Qwen3 block: on the tiny models attention-only LoRA learns too little
 # (measured in docs/WORLDMODEL.md); vLLM serves LoRA on all seven.
+class WorldModelError(ValueError):
+    """A problem with the user's inputs to world-model training or evaluation: a missing or
+    unrecognised data source, a broken adapter folder, an unknown version (one line, exit 2)."""
+
+
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -42,6 +47,8 @@ class WorldModelTrainConfig:
                                "(0 = all); drafting is the slow part on a CPU.")
     eval_max_tokens: int = doc(0, "Draft cap in evaluation (0 = world_model.max_tokens); a draft "
                                   "that needs more counts as unusable.")
+    init_adapter: str = doc("", "Continue training this adapter (a folder, a run directory = its "
+                                "latest version, or DIR@N); '' = a fresh adapter.")
     seed: int = doc(0, "Seed of the split, LoRA initialisation and data order.")
     out_dir: str = doc("", "Run directory of train-worldmodel; '' = RUN_DIR/world_model. Adapter "
                            "versions go to OUT_DIR/adapters/v000001/..., `latest` points at the newest.")

@@ -9,8 +9,8 @@ and their closing tags only. The training loop is the kit's (warmstart.train: Co
 cosine schedule, the Display protocol for progress), on a PEFT model around `base_model`.
 
 The base model is lent, not given: PEFT injects LoRA layers into it in place, so afterwards the
-layers are unloaded again (`PeftModel.unload`, no merge) and the parameters' `requires_grad` and
-the train/eval mode restored. The caller can reuse the same model object for the next version
+layers are unloaded again (`PeftModel.unload`, no merge), the parameters' `requires_grad`, the
+train/eval mode and the instance attributes restored. The caller can reuse the same model object for the next version
 (co-training does) and serve it meanwhile only between calls.
 """
 
@@ -60,6 +60,7 @@ def train_adapter(base_model: Any, tokenizer: Any, rows: list[dict], cfg: WorldM
     check_targets(base_model, cfg)
     grad_flags = {name: p.requires_grad for name, p in base_model.named_parameters()}
     was_training = base_model.training
+    own_attrs = set(vars(base_model))
     if init_adapter:
         model = PeftModel.from_pretrained(base_model, init_adapter, is_trainable=True)
     else:
@@ -78,6 +79,10 @@ def train_adapter(base_model: Any, tokenizer: Any, rows: list[dict], cfg: WorldM
         for name, p in base_model.named_parameters():
             p.requires_grad_(grad_flags.get(name, p.requires_grad))
         base_model.train(was_training)
+        # PEFT/accelerate leave a bound `forward` (and such) on the instance; a deep copy of the
+        # model would keep calling the original's forward, so the LoRA layers of a copy did nothing.
+        for name in set(vars(base_model)) - own_attrs:
+            delattr(base_model, name)
         shutil.rmtree(out_dir + ".trainer", ignore_errors=True)
     stats["init_adapter"] = init_adapter
     stats["sec"] = round(time.monotonic() - t0, 1)

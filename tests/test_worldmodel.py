@@ -20,16 +20,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from test_kit import ROWS, TINY_MODEL, write_suite
+from test_kit import ROWS, TINY_MODEL, fmt, tokenizer, write_suite  # noqa: F401 - fixtures
 from obsspec import chat
 from obsspec.cli import app
 from obsspec.config import ConfigError, load_recipe
 from obsspec.engines import GenerationRequest, HFEngine
 from obsspec.engines.lora import AdapterLoadError
 from obsspec.models import tiny
-from obsspec.models.tokenizer import corpus_texts, train_tokenizer
 from obsspec.rollout.trajectory import Trajectory
-from obsspec.tokens import ChatFormat
 from obsspec.worldmodel import data
 from obsspec.worldmodel.adapters import AdapterError, AdapterStore, resolve_adapter
 from obsspec.worldmodel.config import WorldModelTrainConfig
@@ -37,16 +35,6 @@ from obsspec.worldmodel.train import train_adapter
 
 CFG = WorldModelTrainConfig(rank=4, alpha=8, max_steps=3, batch_size=2, learning_rate=5e-2,
                             max_length=1024, eval_fraction=0.3)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return train_tokenizer(corpus_texts(ROWS), vocab_size=512)
-
-
-@pytest.fixture(scope="module")
-def fmt(tokenizer):
-    return ChatFormat(tokenizer)
 
 
 def base_model(tokenizer, seed=0, hidden=32):

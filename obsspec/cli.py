@@ -3,6 +3,7 @@
     obsspec prepare-tasks recipes/tiny-cpu.yaml tasks.num_instances=200 --out runs/tasks
     obsspec shell find-by-name-00003 -c 'ls -la'
     obsspec validate recipes/tiny-cpu.yaml
+    obsspec train-worldmodel recipes/tiny-cpu.yaml --data runs/tasks --data runs/rollout
     obsspec demo
     obsspec report runs/rollout
     obsspec simulate --preset h100-8b --grid tool.median_s=1,3,10
@@ -47,11 +48,12 @@ def user_errors(fn):
         from obsspec.rollout.run import RolloutError
         from obsspec.sim.config import SimError
         from obsspec.training.grpo import TrainError
+        from obsspec.worldmodel.config import WorldModelError
 
         try:
             return fn(*args, **kwargs)
         except (ConfigError, TaskNotFound, HarborImportError, SandboxUnavailable, RolloutError,
-                ReportError, SimError, TrainError) as e:
+                ReportError, SimError, TrainError, WorldModelError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)
 
@@ -237,6 +239,44 @@ def train_cmd(
         from obsspec.ui.tables import print_training_table
 
         print_training_table(summary, rec.rollout.latency)
+@app.command("train-worldmodel")
+@user_errors
+def train_worldmodel_cmd(
+    recipe: Optional[str] = typer.Argument(None, help=RECIPE_HELP),
+    overrides: List[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    data: List[str] = typer.Option(None, "--data", help="A data source (task suite, rollout or train "
+                                                        "run directory, trajectories JSONL); repeatable."),
+    eval_only: str = typer.Option("", "--eval-only", help="Only evaluate this adapter (a folder, a run "
+                                                          "directory = its latest version, DIR@N, or 'base')."),
+    eval_on: List[str] = typer.Option(None, "--eval-on", help="Evaluate on the held-out part of these "
+                                                              "sources instead (repeatable)."),
+    out: str = typer.Option("", "--out", help="Run directory (default: wm_train.out_dir or RUN_DIR/world_model)."),
+    display: str = typer.Option("auto", "--display", help=DISPLAY_HELP),
+):
+    """Fine-tune a LoRA adapter for the world model on recorded episodes and publish it as a new version.
+
+    Examples are the world model's rollout context with the observation as target (loss on
+    observation tokens only); task instances are split into train and held-out. The new version
+    lands atomically in OUT/adapters/ (`latest` points at it) and is evaluated against its base
+    on the held-out steps: exact-match hit rate overall and per command class, unusable drafts,
+    draft latency against the tool's. `obsspec rollout world_model.adapter=OUT` serves it.
+
+    **Examples**
+
+        obsspec train-worldmodel recipes/tiny-cpu.yaml --data runs/tasks --data runs/rollout
+
+        obsspec train-worldmodel recipes/tiny-cpu.yaml --eval-only runs/world_model --eval-on runs/rollout
+
+        obsspec train-worldmodel recipes/tiny-cpu.yaml wm_train.max_steps=50 wm_train.init_adapter=runs/world_model --data runs/rollout
+    """
+    from obsspec.worldmodel.evaluate import table
+    from obsspec.worldmodel.run import run_train_worldmodel
+
+    rec = _load(recipe, overrides or [])
+    out_dir = out or rec.wm_train.out_dir or os.path.join(rec.run_dir, "world_model")
+    summary = run_train_worldmodel(rec, out_dir, list(data or []), eval_only, list(eval_on or []),
+                                   _display(display))
+    typer.echo(table(summary))
 
 
 @app.command("validate")

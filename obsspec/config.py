@@ -25,6 +25,7 @@ from obsspec.fields import doc
 from obsspec.models.config import KitConfig
 from obsspec.rollout.config import PolicyConfig, RolloutConfig, WorldModelConfig
 from obsspec.training.config import TrainConfig
+from obsspec.worldmodel.config import WorldModelTrainConfig
 
 
 class ConfigError(ValueError):
@@ -67,6 +68,8 @@ class Recipe:
     rollout: RolloutConfig = doc(RolloutConfig(), "Rollouts: mode, predictor, tasks, latency.")
     train: TrainConfig = doc(TrainConfig(), "GRPO training (obsspec train): batch, optimizer, "
                                              "co-training, checkpoints.")
+    wm_train: WorldModelTrainConfig = doc(WorldModelTrainConfig(), "World-model LoRA fine-tuning "
+                                          "(`obsspec train-worldmodel`, and co-training).")
 
     def __post_init__(self) -> None:
         # Cross-section checks: each names the keys to change.

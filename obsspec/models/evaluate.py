@@ -150,10 +150,12 @@ def is_hit(fmt: ChatFormat, draft_body: str | None, real_body: str, cap: int) ->
 
 async def evaluate_world_model(engine, fmt: ChatFormat, cases: list[WMCase], cap: int,
                                max_tokens: int, *, concurrency: int = 4,
-                               display: Display | None = None, label: str = "world model drafts") -> dict:
-    """Greedy drafts for `cases`; exact-hit and unusable rates overall and per command class."""
+                               display: Display | None = None, label: str = "world model drafts",
+                               adapter: str | None = None) -> dict:
+    """Greedy drafts for `cases` (with LoRA adapter `adapter` loaded on the engine, or the base);
+    exact-hit and unusable rates overall and per command class."""
     display = display or NullDisplay()
-    predictor = WorldModelPredictor(engine, fmt, cap=cap, max_tokens=max_tokens)
+    predictor = WorldModelPredictor(engine, fmt, cap=cap, max_tokens=max_tokens, adapter=adapter)
     gate = asyncio.Semaphore(concurrency)
 
     async def one(i: int, case: WMCase) -> tuple[bool, bool, float]:

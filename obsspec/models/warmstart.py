@@ -86,6 +86,8 @@ class CompactSFTTrainer(SFTTrainer):
 
 def masked_nll(model: Any, batch: dict) -> tuple[torch.Tensor, int, int]:
     """(sum of next-token NLL over positions whose label is not -100, top-1 hits, count)."""
+    if hasattr(model, "get_base_model"):  # a PEFT model: its LoRA layers sit inside the base
+        model = model.get_base_model()
     backbone = getattr(model, model.base_model_prefix)
     hidden = backbone(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                       use_cache=False).last_hidden_state[:, :-1]

@@ -40,7 +40,8 @@ class PolicyConfig:
 @dataclass(frozen=True)
 class WorldModelConfig:
     model: str = doc("tiny", "'tiny' (the kit's world-model base), a local folder or a hub name.")
-    adapter: str = doc("", "A LoRA adapter folder to apply (from train-worldmodel); '' = none.")
+    adapter: str = doc("", "A LoRA adapter to apply: a train-worldmodel run directory (its latest "
+                           "version), DIR@N (version N), or an adapter folder; '' = none.")
     engine: str = doc("hf", "hf (transformers, CPU or GPU) or vllm (a vLLM server, GPU).")
     server_url: str = doc("", "With engine=vllm: the vLLM server's base URL (http://host:port).")
     batch_invariant: bool = doc(True, "As policy.batch_invariant, for the world model.")

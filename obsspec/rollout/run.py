@@ -29,6 +29,7 @@ from obsspec.rollout.scheduler import Scheduler
 from obsspec.rollout.tools import ReplayTool, SandboxTool
 from obsspec.rollout.trajectory import Trajectory
 from obsspec.ui.display import Display
+from obsspec.worldmodel.adapters import resolve_adapter
 
 
 class RolloutError(ValueError):
@@ -97,6 +98,7 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
     from obsspec.tokens import ChatFormat
 
     cfg, pol = recipe.rollout, recipe.policy
+    adapter = resolve_adapter(recipe.world_model.adapter)  # a bad one fails now, not after the kit
     if replay_dir:
         episodes, recorded = _load_replay(replay_dir)
     else:
@@ -122,9 +124,10 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
                     wm = recipe.world_model
                     wm_engine, wm_tokenizer = make_engine(wm, wm_path)
                     check_same_tokenizer(tokenizer, wm_tokenizer, wm_path)
-                    if wm.adapter:
-                        await wm_engine.load_adapter("wm-v0", wm.adapter)
-                predictor = _predictor(recipe, fmt, wm_engine, results.get("sequential"), recorded, episodes)
+                    if adapter is not None:
+                        await wm_engine.load_adapter(adapter.name, adapter.path)
+                predictor = _predictor(recipe, fmt, wm_engine, results.get("sequential"), recorded, episodes,
+                                       adapter.name if adapter else None)
             bus = EventBus()
             metrics = SpecMetrics()
             trace = JsonlTrace(os.path.join(out_dir, f"trace-{m}.jsonl"), m)
@@ -161,7 +164,7 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
     return summary
 
 
-def _predictor(recipe: Recipe, fmt, wm_engine, sequential, recorded, episodes):
+def _predictor(recipe: Recipe, fmt, wm_engine, sequential, recorded, episodes, adapter=None):
     kind = recipe.rollout.predictor
     if kind == "none":
         return NoPredictor()
@@ -178,7 +181,7 @@ def _predictor(recipe: Recipe, fmt, wm_engine, sequential, recorded, episodes):
     wm = recipe.world_model
     return WorldModelPredictor(wm_engine, fmt, cap=recipe.sandbox.output_cap, max_tokens=wm.max_tokens,
                                breadth=recipe.rollout.breadth, temperature=wm.temperature,
-                               adapter="wm-v0" if wm.adapter else None, seed=recipe.rollout.seed)
+                               adapter=adapter, seed=recipe.rollout.seed)
 
 
 def _tool_factory(recipe: Recipe, recorded):

@@ -1,0 +1,71 @@
+"""The `wm_train` recipe section: LoRA settings, training budget and data of `train-worldmodel`.
+
+Frozen dataclass, one `help` per field (obsspec/config.py loads it from YAML and rejects unknown
+keys). This module imports neither torch nor transformers, so `obsspec validate` stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from obsspec.fields import doc
+
+# Every linear layer of a Qwen3 block: on the tiny models attention-only LoRA learns too little
+# (measured in docs/WORLDMODEL.md); vLLM serves LoRA on all seven.
+class WorldModelError(ValueError):
+    """A problem with the user's inputs to world-model training or evaluation: a missing or
+    unrecognised data source, a broken adapter folder, an unknown version (one line, exit 2)."""
+
+
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class WorldModelTrainConfig:
+    """How `obsspec train-worldmodel` (and co-training in `obsspec train`) fine-tunes the world
+    model: a LoRA adapter on the recipe's `world_model.model`, loss on observation tokens only."""
+
+    data: tuple[str, ...] = doc((), "Sources of examples, one or several: a prepared task suite "
+                                    "(its reference trajectories.jsonl), a rollout or train run "
+                                    "directory (trajectories-*.jsonl, rollouts/*.jsonl), or one "
+                                    "trajectories JSONL file. `--data` on the command line adds more.")
+    rank: int = doc(8, "LoRA rank r.")
+    alpha: int = doc(16, "LoRA alpha (the update is scaled by alpha / rank).")
+    dropout: float = doc(0.0, "LoRA dropout.")
+    target_modules: tuple[str, ...] = doc(ALL_LINEAR, "Module names LoRA wraps (default: every "
+                                                      "linear layer of a Qwen3 block).")
+    learning_rate: float = doc(2e-3, "Peak learning rate (AdamW, cosine decay, 5% warm-up); LoRA "
+                                     "on the tiny models wants about 1e-3..5e-3, a 0.6B model ~1e-4.")
+    epochs: float = doc(4.0, "Passes over the training examples (see max_steps).")
+    max_steps: int = doc(300, "Cap on optimizer steps (0 = no cap; `epochs` decides).")
+    batch_size: int = doc(8, "Sequences per optimizer step.")
+    max_length: int = doc(2048, "Longest example in tokens; longer episodes are dropped and counted "
+                                "(a cut one would teach half an observation).")
+    eval_fraction: float = doc(0.2, "Share of task instances held out (split by task instance, so "
+                                    "no held-out step comes from an episode trained on).")
+    eval_limit: int = doc(200, "Most held-out steps drafted in the evaluation, spread over them "
+                               "(0 = all); drafting is the slow part on a CPU.")
+    eval_max_tokens: int = doc(0, "Draft cap in evaluation (0 = world_model.max_tokens); a draft "
+                                  "that needs more counts as unusable.")
+    init_adapter: str = doc("", "Continue training this adapter (a folder, a run directory = its "
+                                "latest version, or DIR@N); '' = a fresh adapter.")
+    seed: int = doc(0, "Seed of the split, LoRA initialisation and data order.")
+    out_dir: str = doc("", "Run directory of train-worldmodel; '' = RUN_DIR/world_model. Adapter "
+                           "versions go to OUT_DIR/adapters/v000001/..., `latest` points at the newest.")
+
+    def __post_init__(self) -> None:
+        if self.rank < 1 or self.alpha < 1:
+            raise ValueError(f"wm_train.rank and wm_train.alpha must be >= 1 (got {self.rank}, {self.alpha})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"wm_train.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ValueError("wm_train.target_modules is empty: name at least one module, e.g. [q_proj, v_proj]")
+        if self.learning_rate <= 0 or self.epochs <= 0 or self.max_steps < 0:
+            raise ValueError("wm_train.learning_rate and wm_train.epochs must be > 0 and "
+                             "wm_train.max_steps >= 0 (0 = no cap)")
+        if self.batch_size < 1 or self.max_length < 64:
+            raise ValueError("wm_train.batch_size must be >= 1 and wm_train.max_length >= 64")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"wm_train.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.eval_limit < 0 or self.eval_max_tokens < 0:
+            raise ValueError("wm_train.eval_limit and wm_train.eval_max_tokens must be >= 0")

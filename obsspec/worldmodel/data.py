@@ -1,0 +1,179 @@
+"""World-model examples from recorded episodes: sources -> episodes -> split -> rows and cases.
+
+    episodes = load_episodes(["runs/tasks", "runs/rollout"])
+    train, held_out = split_by_task(episodes, eval_fraction=0.2, seed=0)
+    rows, counts = examples(fmt, train, max_length=2048)      # SFT rows, loss on observations
+    cases = eval_cases(fmt, held_out)                          # "context -> real body" steps
+
+Sources (one or several at once):
+- a prepared task suite: its `trajectories.jsonl` (the reference solutions `prepare-tasks`
+  recorded; an imported Harbor suite has the same file);
+- an `obsspec rollout` run directory (`trajectories-<mode>.jsonl`) or an `obsspec train` run
+  directory (`rollouts/step-*.jsonl`): `Trajectory.to_dict()` per line;
+- one JSONL file of either kind (e.g. a kit's `rollouts.jsonl`).
+
+An example is exactly the context the rollout gives the world model: reference rows are laid
+out by `obsspec.tokens.transcript` (whose `wm_mask` targets are what `wm_prompt_ids` predicts),
+rollouts keep their own token ids and `wm_mask` (error observations of malformed calls carry no
+mask, so they are never targets). Evaluation cases come from `obsspec.models.evaluate`
+(`reference_cases`, `trajectory_cases`), the one place that cuts "context -> body" steps.
+The split is by task instance (a hash of the task id and the seed), so every episode of a
+held-out task, reference or rollout, is held out together; identical rows are counted and kept once.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+from obsspec.rollout.trajectory import Trajectory
+from obsspec.worldmodel.config import WorldModelError
+
+
+class DataError(WorldModelError):
+    """A data source that is missing or that holds no recognisable episodes."""
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One recorded episode: a reference row (suite) or a rollout `Trajectory`, never both."""
+
+    task_id: str
+    source: str
+    reference: dict | None = None
+    trajectory: Trajectory | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources
+
+
+def source_files(path: str) -> list[str]:
+    """The JSONL files a source path stands for (DataError if none)."""
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise DataError(f"{path}: no such data source (a task suite, a rollout/train run "
+                        "directory, or a trajectories JSONL file)")
+    for pattern in ("trajectories.jsonl", "trajectories-*.jsonl", "rollouts/*.jsonl", "rollouts.jsonl"):
+        found = sorted(glob.glob(os.path.join(path, pattern)))
+        if found:
+            return found
+    raise DataError(f"{path}: no trajectories.jsonl (task suite), trajectories-*.jsonl (rollout "
+                    "run) or rollouts/*.jsonl (train run) there")
+
+
+def load_episodes(paths: list[str] | tuple[str, ...]) -> list[Episode]:
+    if not paths:
+        raise DataError("no data: give --data DIR (a task suite or a run directory), or set wm_train.data")
+    episodes: list[Episode] = []
+    for path in paths:
+        for file in source_files(path):
+            episodes += _read(file)
+    return episodes
+
+
+def _read(file: str) -> list[Episode]:
+    out = []
+    with open(file) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if "steps" in row and "instruction" in row:
+                    out.append(Episode(row["task_id"], file, reference=row))
+                else:
+                    tr = Trajectory.from_dict(row)
+                    out.append(Episode(tr.task_id, file, trajectory=tr))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise DataError(f"{file}:{n}: neither a reference trajectory nor a rollout "
+                                f"trajectory ({type(e).__name__}: {e})") from None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Split, examples, cases
+
+
+def held_out(task_id: str, eval_fraction: float, seed: int) -> bool:
+    """Whether a task instance is held out: stable for the task, whatever else is in the data."""
+    digest = hashlib.sha256(f"{seed}/{task_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2 ** 64 < eval_fraction
+
+
+def split_by_task(episodes: list[Episode], eval_fraction: float, seed: int
+                  ) -> tuple[list[Episode], list[Episode]]:
+    held = [e for e in episodes if held_out(e.task_id, eval_fraction, seed)]
+    if eval_fraction > 0 and not held and len({e.task_id for e in episodes}) > 1:
+        # a handful of tasks can all hash above the line: hold out the lowest one
+        lowest = min({e.task_id for e in episodes},
+                     key=lambda t: hashlib.sha256(f"{seed}/{t}".encode()).digest())
+        held = [e for e in episodes if e.task_id == lowest]
+    ids = {e.task_id for e in held}
+    return [e for e in episodes if e.task_id not in ids], held
+
+
+def examples(fmt, episodes: list[Episode], max_length: int) -> tuple[list[dict], dict]:
+    """SFT rows {"input_ids", "completion_mask"} and counts (too long, without a target, duplicates)."""
+    from obsspec.models.warmstart import examples as reference_examples
+    from obsspec.models.warmstart import trajectory_examples
+
+    rows, seen = [], set()
+    counts = {"episodes": len(episodes), "too_long": 0, "no_target": 0, "duplicates": 0}
+    for e in episodes:
+        if e.reference is not None:
+            got, dropped = reference_examples(fmt, [e.reference], "world_model", max_length)
+        else:
+            got = trajectory_examples([e.trajectory], max_length)
+            dropped = int(len(e.trajectory.ids) > max_length)
+        counts["too_long"] += dropped
+        counts["no_target"] += int(not got and not dropped)
+        for row in got:
+            key = hashlib.sha256(json.dumps([row["input_ids"], row["completion_mask"]]).encode()).digest()
+            if key in seen:
+                counts["duplicates"] += 1
+                continue
+            seen.add(key)
+            rows.append(row)
+    counts["examples"] = len(rows)
+    return rows, counts
+
+
+def eval_cases(fmt, episodes: list[Episode]) -> tuple[list, int]:
+    """Deduplicated held-out steps (`WMCase`s) and how many duplicates were removed."""
+    from obsspec.models.evaluate import reference_cases, trajectory_cases
+
+    cases, seen, duplicates = [], set(), 0
+    for e in episodes:
+        got = reference_cases(fmt, [e.reference]) if e.reference is not None \
+            else trajectory_cases(fmt, [e.trajectory])
+        for case in got:
+            key = (case.prompt_ids, case.body)
+            if key in seen:
+                duplicates += 1
+                continue
+            seen.add(key)
+            cases.append(case)
+    return cases, duplicates
+
+
+def determinism_ceiling(paths: list[str] | tuple[str, ...], episodes: list[Episode]) -> float | None:
+    """Share of the reference steps of `episodes` whose observation was the same in two fresh
+    runs (a suite's determinism.json): no world model can beat it. None when not measured."""
+    differing, measured = set(), False
+    for path in paths:
+        file = os.path.join(path, "determinism.json") if os.path.isdir(path) else ""
+        if file and os.path.exists(file):
+            with open(file) as f:
+                d = json.load(f)
+            measured = measured or bool(d.get("commands_compared"))
+            differing |= {(x["task_id"], x["turn"]) for x in d.get("differing", [])}
+    steps = [(e.task_id, i) for e in episodes if e.reference is not None
+             for i in range(len(e.reference["steps"]))]
+    if not measured or not steps:
+        return None
+    return round(1 - sum(s in differing for s in steps) / len(steps), 4)

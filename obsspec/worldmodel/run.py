@@ -1,0 +1,115 @@
+"""`obsspec train-worldmodel`: fine-tune a LoRA adapter on recorded episodes, publish it as a new
+version, and evaluate it against its base on held-out task instances.
+
+    summary = run_train_worldmodel(recipe, out_dir="runs/world_model", data=["runs/tasks"])
+    summary = run_train_worldmodel(recipe, out_dir, data=[...], eval_only="runs/world_model")
+
+Writes under `out_dir`:
+- `adapters/v000001/ ...`, `adapters/latest`   published versions (obsspec/worldmodel/adapters.py)
+- `summary.json`                             data counts, training stats, evaluation figures
+A crash mid-training leaves only `.training/`, removed by the next run, which starts that
+version over; a version is visible only once whole (`AdapterStore.publish`). `wm_train.init_adapter`
+continues from an earlier version instead of a fresh adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+from obsspec.config import Recipe, to_dict
+from obsspec.ui.display import Display, NullDisplay
+from obsspec.worldmodel import data
+from obsspec.worldmodel.adapters import AdapterStore, resolve_adapter
+from obsspec.worldmodel.evaluate import evaluate_models, gain
+
+
+def base_model_path(recipe: Recipe, display: Display) -> str:
+    """The recipe's world model: the kit's base for 'tiny' (built on first use), else a folder
+    or hub name (any causal LM sharing the policy's tokenizer)."""
+    if recipe.world_model.model != "tiny":
+        return recipe.world_model.model
+    from obsspec.models.kit import ensure_kit
+    from obsspec.rollout.config import sampling
+
+    tasks_dir = recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks")
+    return ensure_kit(tasks_dir, recipe.rollout.kit_cache, recipe.kit, recipe.sandbox,
+                      sampling(recipe.policy, recipe.rollout.seed), display).world_model
+
+
+def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | None = None,
+                         eval_only: str = "", eval_on: list[str] | None = None,
+                         display: Display | None = None) -> dict:
+    from obsspec.models.tiny import load_pretrained
+    from obsspec.tokens import ChatFormat
+
+    display = display or NullDisplay()
+    cfg = recipe.wm_train
+    t0 = time.monotonic()
+    sources = [*cfg.data, *(data_paths or [])]
+    eval_sources = list(eval_on or []) or sources
+    # Every input is checked before minutes of work: sources, adapters.
+    evaluated = None if eval_only in ("", "base") else resolve_adapter(eval_only)
+    init = resolve_adapter(cfg.init_adapter) if cfg.init_adapter and not eval_only else None
+    episodes = data.load_episodes(sources) if not eval_only else []
+    eval_episodes = data.load_episodes(eval_sources)
+
+    model, tokenizer = load_pretrained(base_model_path(recipe, display), device=recipe.world_model.device)
+    fmt = ChatFormat(tokenizer)
+    summary: dict = {"command": "train-worldmodel", "out_dir": out_dir, "data": sources,
+                     "eval_on": eval_sources, "wm_train": to_dict(cfg)}
+    os.makedirs(out_dir, exist_ok=True)
+    adapters: dict[str, str | None] = {"base": None}
+    if eval_only:
+        if evaluated is not None:
+            adapters[evaluated.name] = evaluated.path
+            summary["adapter"] = {"version": evaluated.version, "path": evaluated.path}
+    else:
+        from obsspec.worldmodel.train import train_adapter
+
+        train_eps, held_eps = data.split_by_task(episodes, cfg.eval_fraction, cfg.seed)
+        rows, counts = data.examples(fmt, train_eps, cfg.max_length)
+        held_rows, _ = data.examples(fmt, held_eps, cfg.max_length)
+        summary["train_data"] = {**counts, "tasks": len({e.task_id for e in train_eps}),
+                                 "held_out_tasks": len({e.task_id for e in held_eps})}
+        display.log(f"world-model adapter: {counts['examples']} examples from "
+                    f"{summary['train_data']['tasks']} tasks ({counts['duplicates']} duplicates, "
+                    f"{counts['too_long']} too long)")
+        staging = os.path.join(out_dir, ".training")
+        shutil.rmtree(staging, ignore_errors=True)  # a crashed run's half adapter: start over
+        stats = train_adapter(model, tokenizer, rows, cfg, staging, init.path if init else None,
+                              display, eval_rows=held_rows)
+        version = AdapterStore(os.path.join(out_dir, "adapters")).publish(staging, meta={"train": stats})
+        shutil.rmtree(staging, ignore_errors=True)
+        summary["train"] = stats
+        summary["adapter"] = {"version": version.version, "name": version.name, "path": version.path}
+        adapters[version.name] = version.path
+    summary["eval"] = evaluate(fmt, model, tokenizer, recipe, eval_sources, eval_episodes, adapters, display)
+    summary["sec"] = round(time.monotonic() - t0, 1)
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+    return summary
+
+
+def evaluate(fmt, model, tokenizer, recipe: Recipe, sources: list[str], episodes: list,
+             adapters: dict[str, str | None], display: Display) -> dict:
+    """Figures for the base and each adapter on the held-out steps of `episodes`."""
+    from obsspec.env.suite import spread
+
+    cfg = recipe.wm_train
+    _, held = data.split_by_task(episodes, cfg.eval_fraction, cfg.seed)
+    cases, duplicates = data.eval_cases(fmt, held)
+    if cfg.eval_limit:
+        cases = spread(cases, min(cfg.eval_limit, len(cases)))
+    results = evaluate_models(model, tokenizer, cases, adapters, cap=recipe.sandbox.output_cap,
+                              max_tokens=cfg.eval_max_tokens or recipe.world_model.max_tokens,
+                              display=display) if cases else {}
+    out = {"held_out_tasks": len({e.task_id for e in held}), "steps": len(cases),
+           "duplicate_steps_removed": duplicates,
+           "determinism_ceiling": data.determinism_ceiling(sources, held), "models": results}
+    names = [n for n in adapters if n != "base"]
+    if results and names:
+        out["gain"] = gain(results["base"], results[names[-1]])
+    return out

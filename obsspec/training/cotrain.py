@@ -90,8 +90,8 @@ class CoTrainer:
             stats = json.load(f)
         stats.update(step=step, wall_sec=round(time.monotonic() - t0, 2))
         version = self.store.publish(out, meta=stats)
-        self._serve(version)
         self.last_stats = stats
+        self._serve(version)
 
     def _serve(self, version) -> None:
         old = self.predictor.adapter

@@ -116,8 +116,12 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     from obsspec.training.setup import build_run
     from obsspec.ui.display import NullDisplay
 
+    import torch
+
     display = display or NullDisplay()
-    state = PartialState()
+    # cpu=True lets a CPU run launched with torchrun / accelerate be distributed (gloo); without it
+    # accelerate would see one process per launch and every process would train alone.
+    state = PartialState(cpu=recipe.policy.device != "cuda" or not torch.cuda.is_available())
     ckpt_dir = os.path.join(out_dir, "checkpoints")
     checkpoint = get_last_checkpoint(ckpt_dir) if os.path.isdir(ckpt_dir) else None
     _check_run_dir(recipe, out_dir, resume, checkpoint, state.is_main_process)

@@ -27,7 +27,7 @@ class WorldModelTrainConfig:
 
     data: tuple[str, ...] = doc((), "Sources of examples, one or several: a prepared task suite "
                                     "(its reference trajectories.jsonl), a rollout or train run "
-                                    "directory (trajectories-*.jsonl, rollouts/*.jsonl), or one "
+                                    "directory (trajectories-*.jsonl, rollouts/step-*/...), or one "
                                     "trajectories JSONL file. `--data` on the command line adds more.")
     rank: int = doc(8, "LoRA rank r.")
     alpha: int = doc(16, "LoRA alpha (the update is scaled by alpha / rank).")

@@ -58,12 +58,14 @@ def source_files(path: str) -> list[str]:
     if not os.path.isdir(path):
         raise DataError(f"{path}: no such data source (a task suite, a rollout/train run "
                         "directory, or a trajectories JSONL file)")
-    for pattern in ("trajectories.jsonl", "trajectories-*.jsonl", "rollouts/*.jsonl", "rollouts.jsonl"):
+    # a train run keeps each step's episodes as a rollout run under rollouts/step-NNNNNN/
+    for pattern in ("trajectories.jsonl", "trajectories-*.jsonl", "rollouts/step-*/trajectories-*.jsonl",
+                    "rollouts/*.jsonl", "rollouts.jsonl"):
         found = sorted(glob.glob(os.path.join(path, pattern)))
         if found:
             return found
     raise DataError(f"{path}: no trajectories.jsonl (task suite), trajectories-*.jsonl (rollout "
-                    "run) or rollouts/*.jsonl (train run) there")
+                    "run) or rollouts/step-*/trajectories-*.jsonl (train run) there")
 
 
 def load_episodes(paths: list[str] | tuple[str, ...]) -> list[Episode]:

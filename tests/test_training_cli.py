@@ -1,0 +1,217 @@
+"""`obsspec train` end to end on micro models in real sandboxes: files, co-training, resume after a
+kill, the live policy weights, two processes, bad input.
+
+Run: .venv/bin/python -m pytest -q tests/test_training_cli.py
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_cli import cli
+from test_rollout_cli import MICRO
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")]
+
+STEPS = 3
+
+
+def common(root) -> list[str]:
+    return ["recipes/tiny-cpu.yaml", f"rollout.tasks_dir={root / 'tasks'}", f"rollout.kit_cache={root / 'kit'}",
+            "policy.max_turns=3", "policy.max_new_tokens=48", "policy.max_context=1024",
+            "sandbox.output_cap=200", "world_model.max_tokens=264", "rollout.latency.kind=none",
+            "train.tasks_per_step=2", "train.group_size=2", "train.micro_batch_size=2",
+            "train.learning_rate=1e-2", "train.save_steps=1", "train.save_total_limit=5",
+            "train.eval_tasks=2", "train.eval_group_size=2", "train.report_to=none", "train.families=[]",
+            "wm_train.max_length=1024", "wm_train.batch_size=2", *MICRO, "policy.temperature=0.3"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    r = cli("prepare-tasks", "recipes/tiny-cpu.yaml", "tasks.num_instances=12", "tasks.families=[dir-stats]",
+            "tasks.val_fraction=0.25", "tasks.determinism_check=false", "--out", str(root / "tasks"),
+            "--display", "none")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return root
+
+
+@pytest.fixture(scope="module")
+def run(root):
+    """An uninterrupted run: the reference for the resume test."""
+    r = cli("train", *common(root), f"train.steps={STEPS}", "--out", str(root / "run"), "--display", "plain")
+    assert r.returncode == 0, r.stderr[-4000:]
+    return root / "run", r
+
+
+def metrics(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def trajectories(run_dir, step: int) -> list[dict]:
+    path = run_dir / "rollouts" / f"step-{step:06d}"
+    mode = next(p.name for p in path.iterdir() if p.name.startswith("trajectories-"))
+    return [json.loads(x) for x in (path / mode).read_text().splitlines()]
+
+
+def test_a_run_writes_metrics_rollouts_checkpoints_and_evals(run):
+    run_dir, r = run
+    rows = metrics(run_dir)
+    assert [m["step"] for m in rows] == list(range(1, STEPS + 1))
+    for m in rows:
+        for key in ("loss", "reward", "spec/exact_frac", "success_frac", "infra_failures",
+                    "latency_saved_sec", "latency_saved_frac", "spec/class_hits", "wm/version"):
+            assert key in m, key
+    # step k's episodes train version k, which serves step k+1's rollouts (so it is logged there)
+    assert [m["wm/version"] for m in rows] == [None, *range(1, STEPS)], "one adapter version per step"
+    assert all(m["wm/swap_sec"] is not None for m in rows[1:]) and rows[-1]["wm/cotrain_failures"] == 0
+    assert (run_dir / "world_model" / "adapters" / "latest").exists()
+    for step in range(1, STEPS + 1):
+        traj = trajectories(run_dir, step)
+        assert len(traj) == 4 and all(len(t["ids"]) == len(t["logprobs"]) for t in traj)
+        assert (run_dir / "checkpoints" / f"checkpoint-{step}" / "obsspec_state.json").exists()
+    evals = json.loads((run_dir / "eval.json").read_text())
+    assert evals["before"]["episodes"] == evals["after"]["episodes"] == 4
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["wm_version"] >= STEPS - 1 and "hit rate" in r.stderr
+
+
+def test_report_reads_a_training_run(run, tmp_path):
+    run_dir, _ = run
+    r = cli("report", str(run_dir), "--out", str(tmp_path / "report"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "report" / "hit_rate.png").exists()
+
+
+def test_resume_after_a_kill_repeats_no_step_and_skips_none(root, run):
+    """Kill the run (SIGKILL) once its first checkpoint is written, resume it, and compare with
+    the uninterrupted run: the same steps, the same episodes token for token, the same rewards."""
+    ref_dir, _ = run
+    out = root / "killed"
+    args = ["train", *common(root), f"train.steps={STEPS}", "--out", str(out), "--display", "none"]
+    proc = subprocess.Popen([sys.executable, "-m", "obsspec", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    marker = out / "checkpoints" / "checkpoint-1" / "obsspec_state.json"
+    deadline = time.monotonic() + 240
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert marker.exists(), "the run died before its first checkpoint"
+    assert not (out / "checkpoints" / f"checkpoint-{STEPS}").exists(), "the kill came too late to test"
+
+    again = cli(*args[:-2], "--display", "none")  # without --resume: refused, nothing touched
+    assert again.returncode == 2 and "--resume" in again.stderr
+    r = cli(*args, "--resume")
+    assert r.returncode == 0, r.stderr[-4000:]
+    got, want = metrics(out), metrics(ref_dir)
+    assert [m["step"] for m in got] == [m["step"] for m in want] == list(range(1, STEPS + 1))
+    assert [m["reward"] for m in got] == [m["reward"] for m in want]
+    for step in range(1, STEPS + 1):
+        a, b = trajectories(out, step), trajectories(ref_dir, step)
+        assert [t["ids"] for t in a] == [t["ids"] for t in b], f"step {step}'s episodes differ after resume"
+    assert got[-1]["wm/version"] is not None
+
+
+def test_resume_refuses_a_changed_recipe_and_a_missing_run(root, run, tmp_path):
+    run_dir, _ = run
+    r = cli("train", *common(root), f"train.steps={STEPS + 1}", "--out", str(run_dir), "--resume",
+            "--display", "none")
+    assert r.returncode == 2 and "differs" in r.stderr and "train" in r.stderr
+    r = cli("train", *common(root), "--out", str(tmp_path / "nothing"), "--resume", "--display", "none")
+    assert r.returncode == 2 and "no training run to resume" in r.stderr
+
+
+def test_dry_run_loads_nothing_and_bad_batch_shapes_are_one_line(tmp_path):
+    r = cli("train", "recipes/terminal-8b.yaml", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["per_step"]["episodes"] == 256 and plan["policy"]["model"] == "Qwen/Qwen3-8B"
+    r = cli("train", "recipes/tiny-cpu.yaml", "train.micro_batch_size=5", "--dry-run")
+    assert r.returncode == 2 and "split evenly" in r.stderr and "Traceback" not in r.stderr
+    r = cli("train", "recipes/tiny-cpu.yaml", "train.group_size=1")
+    assert r.returncode == 2 and "group_size" in r.stderr
+
+
+def test_two_processes_on_cpu(root, run):
+    """Two processes on CPU (torchrun, gloo): each rolls out its half of the step's episodes, the
+    rewards are gathered for the group baselines, DDP averages the gradients, one checkpoint."""
+    launcher = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    out = root / "two"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([launcher, "--nproc_per_node", "2", "-m", "obsspec", "train",
+                        *common(root), "train.steps=1", "train.eval_tasks=0", "--out", str(out),
+                        "--display", "none"], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = metrics(out)
+    assert [m["step"] for m in rows] == [1], "only the main process writes metrics.jsonl"
+    assert (out / "rollouts" / "step-000001").is_dir() and (out / "rollouts" / "step-000001.rank1").is_dir()
+    assert len(trajectories(out, 1)) == 2, "rank 0 rolled out its half of the 4 episodes"
+    episodes = [json.loads(x)["episode"] for x in
+                (out / "rollouts" / "step-000001.rank1" / "episodes.jsonl").read_text().splitlines()]
+    assert episodes == [2, 3], "rank 1's episodes (and seeds) follow rank 0's"
+    assert (out / "checkpoints" / "checkpoint-1").is_dir()
+
+
+def _digest(model) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_rollouts_of_step_k_plus_1_run_on_the_weights_step_k_left(root, tmp_path, monkeypatch):
+    """In process: the weights the engine serves when step k+1's rollouts start are the trainer's
+    weights after step k's update (which changed them), and the logprobs the rollouts return are
+    exactly that model's (recomputed with a plain forward pass)."""
+    import torch
+
+    from obsspec.config import load_recipe
+    from obsspec.training import grpo, rollouts as R, setup as S
+
+    at_rollout, after_step = {}, {}
+    call, on_log = R.Rollouts.__call__, S.MetricsLog.on_log
+
+    def spy_call(self, prompts, trainer):
+        step = trainer.state.global_step + 1
+        model = self.policy.model
+        at_rollout[step] = _digest(model)
+        out = call(self, prompts, trainer)
+        temperature = self.settings.sampling.temperature
+        with torch.no_grad():
+            for p, c, lp, m in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
+                ids = torch.tensor([p + c])
+                logits = model(ids).logits[0, len(p) - 1:-1].float() / temperature
+                want = torch.log_softmax(logits, -1).gather(1, torch.tensor(c)[:, None])[:, 0]
+                for i, keep in enumerate(m):
+                    if keep:
+                        assert abs(want[i].item() - lp[i]) < 1e-3, \
+                            f"step {step}: a sampled token's logprob is not the live model's"
+        return out
+
+    def spy_log(self, args, state, control, logs=None, **kw):
+        after_step[state.global_step] = _digest(kw["model"])  # the trainer's model, as TRL holds it
+        return on_log(self, args, state, control, logs=logs, **kw)
+
+    def alternating(self, prompts=None, completions=None, verifier_reward=None, **kw):
+        return [float(i % 2) for i in range(len(verifier_reward))]  # every group has signal
+
+    monkeypatch.setattr(R.Rollouts, "__call__", spy_call)
+    monkeypatch.setattr(R.Rollouts, "reward", alternating)
+    monkeypatch.setattr(S.MetricsLog, "on_log", spy_log)
+    recipe = load_recipe(common(root)[0], [*common(root)[1:], "train.steps=3", "train.eval_tasks=0",
+                                            "train.cotrain_every=0"])
+    grpo.run_training(recipe, str(tmp_path / "live"))
+    assert sorted(at_rollout) == [1, 2, 3] and sorted(after_step) == [1, 2, 3]
+    for k in (1, 2):
+        assert at_rollout[k + 1] == after_step[k], f"step {k + 1}'s rollouts did not use step {k}'s weights"
+        assert after_step[k] != at_rollout[k], f"step {k}'s update did not change the weights"

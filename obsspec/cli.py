@@ -220,7 +220,7 @@ def train_cmd(
 
         obsspec train recipes/terminal-8b.yaml --dry-run
 
-        accelerate launch --num_processes 2 -m obsspec train recipes/tiny-cpu.yaml
+        torchrun --nproc_per_node 2 -m obsspec train recipes/tiny-cpu.yaml
     """
     from obsspec.training.grpo import run_training, training_plan
     from obsspec.ui.live import make_live

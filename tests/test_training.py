@@ -194,3 +194,43 @@ def test_published_settings_in_the_gpu_recipes():
     assert load_recipe("recipes/terminal-32b.yaml").policy.model == "Qwen/Qwen3-32B"
     with pytest.raises(TrainError, match="split evenly"):
         training_plan(r, num_processes=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Co-training
+
+
+def test_a_failed_cotraining_child_is_loud_and_the_engine_keeps_its_version(tmp_path):
+    import subprocess
+    import sys
+
+    from obsspec.training.cotrain import CoTrainer
+
+    class Recorder:
+        def __init__(self):
+            self.lines = []
+
+        def log(self, message):
+            self.lines.append(message)
+
+    class Engine:
+        loaded = []
+
+        async def load_adapter(self, name, path):
+            Engine.loaded.append(name)
+
+    class Predictor:
+        adapter = "wm-v3"
+
+    recipe = load_recipe("recipes/tiny-cpu.yaml")
+    display = Recorder()
+    co = CoTrainer(recipe, "unused", Engine(), Predictor(), str(tmp_path), display)
+    co.version = 3
+    out = str(tmp_path / "step-000004.adapter")
+    open(out + ".log", "w").write("Traceback ...\nValueError: something broke\n")
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    co._child = (child, 4, out, 0.0)
+    co.before_rollouts(5)
+    assert co.failures == 1 and co.version == 3 and Engine.loaded == []
+    assert "FAILED" in display.lines[0] and "something broke" in display.lines[0]
+    assert co.metrics()["wm/cotrain_failures"] == 1 and Predictor.adapter == "wm-v3"

@@ -116,8 +116,12 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     from obsspec.training.setup import build_run
     from obsspec.ui.display import NullDisplay
 
+    import warnings
+
     import torch
 
+    # transformers 5.23 warns on every TRL step that TRL still asks is_gradient_checkpointing
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     display = display or NullDisplay()
     # cpu=True lets a CPU run launched with torchrun / accelerate be distributed (gloo); without it
     # accelerate would see one process per launch and every process would train alone.

@@ -6,8 +6,9 @@
 Each variant is a real `obsspec train` run (a child process) on the same task suite, the same
 kit and the same seeds; only `train.cotrain_every` differs (1 vs 0). The policy's episodes are
 therefore the same token for token in both (speculation is lossless; the world model changes only
-the time), so the reward curves should coincide, and the hit-rate curves show what co-training
-adds. Tool latency is the recipe's EMULATED remote-sandbox latency (labelled in the output).
+the time) until a tool prints something different the second time (`token_identity` says at
+which step, and whether the first difference is in an observation — the tool — or in an action,
+which would be a bug); the hit-rate curves show what co-training adds. Tool latency is the recipe's EMULATED remote-sandbox latency (labelled in the output).
 Prints one JSON object: per variant the per-step reward, success and hit rate, the mean reward
 of the first and last third of the steps, val success before/after, the share of rollout time
 hidden by speculation, and wall times; the baseline for the hit rate is the no-co-training run.
@@ -43,6 +44,30 @@ def run_variant(recipe: str, out: str, overrides: list[str]) -> dict:
             "step_sec": [r.get("step_time") for r in rows],
             **{k: summary.get(k) for k in ("reward_first_third", "reward_last_third", "hit_rate_mean",
                                            "latency_saved_sec", "latency_saved_frac", "eval")}}
+
+
+def token_identity(a_dir: str, b_dir: str) -> dict:
+    """Step by step, are the two runs' episodes token-identical? The first difference is either
+    in an observation (a tool printed something else: the runs then legitimately diverge) or in
+    an action (a losslessness bug)."""
+    import glob
+
+    from obsspec.rollout.run import compare
+    from obsspec.rollout.trajectory import Trajectory
+
+    def load(d, step):
+        path = glob.glob(os.path.join(d, "rollouts", f"step-{step:06d}", "trajectories-*.jsonl"))[0]
+        return [Trajectory.from_dict(json.loads(x)) for x in open(path) if x.strip()]
+
+    step = 1
+    while glob.glob(os.path.join(a_dir, "rollouts", f"step-{step:06d}")):
+        c = compare(load(a_dir, step), load(b_dir, step))
+        if not c["token_identical"]:
+            return {"identical_steps": step - 1, "first_difference_step": step,
+                    "first_in_observation": c["differing_first_in_observation"],
+                    "first_in_action": c["differing_first_in_action"]}
+        step += 1
+    return {"identical_steps": step - 1, "first_difference_step": None}
 
 
 def plot(result: dict, path: str) -> None:
@@ -92,6 +117,8 @@ def main() -> None:
         result["hit_rate_gain_over_no_cotrain"] = (
             (v["cotrain"]["hit_rate_mean"] or 0) - (v["no_cotrain"]["hit_rate_mean"] or 0))
         result["same_rewards"] = v["cotrain"]["reward"] == v["no_cotrain"]["reward"]
+        result["token_identity"] = token_identity(os.path.join(args.out, "cotrain"),
+                                                  os.path.join(args.out, "no_cotrain"))
     print(json.dumps(result, indent=2))
     if args.plot:
         plot(result, args.plot)

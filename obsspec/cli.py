@@ -255,7 +255,7 @@ def train_worldmodel_cmd(
 ):
     """Fine-tune a LoRA adapter for the world model on recorded episodes and publish it as a new version.
 
-    Examples are the world model's rollout context with the observation as target (loss on
+    Training rows are the world model's rollout context with the observation as target (loss on
     observation tokens only); task instances are split into train and held-out. The new version
     lands atomically in OUT/adapters/ (`latest` points at it) and is evaluated against its base
     on the held-out steps: exact-match hit rate overall and per command class, unusable drafts,

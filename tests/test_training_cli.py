@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from obsspec.rollout.run import compare
+from obsspec.rollout.trajectory import Trajectory
 from test_cli import cli
 from test_rollout_cli import MICRO
 
@@ -113,10 +115,17 @@ def test_resume_after_a_kill_repeats_no_step_and_skips_none(root, run):
     assert r.returncode == 0, r.stderr[-4000:]
     got, want = metrics(out), metrics(ref_dir)
     assert [m["step"] for m in got] == [m["step"] for m in want] == list(range(1, STEPS + 1))
-    assert [m["reward"] for m in got] == [m["reward"] for m in want]
     for step in range(1, STEPS + 1):
-        a, b = trajectories(out, step), trajectories(ref_dir, step)
-        assert [t["ids"] for t in a] == [t["ids"] for t in b], f"step {step}'s episodes differ after resume"
+        a = [Trajectory.from_dict(t) for t in trajectories(out, step)]
+        b = [Trajectory.from_dict(t) for t in trajectories(ref_dir, step)]
+        c = compare(a, b)
+        assert not c["differing_first_in_action"], \
+            f"step {step}: episodes {c['differing_first_in_action']} differ in an action after resume"
+        if c["differing_first_in_observation"]:
+            # A tool printed something else the second time (e.g. two failing pipeline stages
+            # racing on stderr): from here the two runs legitimately train on different data.
+            break
+        assert got[step - 1]["reward"] == want[step - 1]["reward"]
     assert got[-1]["wm/version"] is not None
 
 

@@ -128,7 +128,11 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     state = PartialState(cpu=recipe.policy.device != "cuda" or not torch.cuda.is_available())
     ckpt_dir = os.path.join(out_dir, "checkpoints")
     checkpoint = get_last_checkpoint(ckpt_dir) if os.path.isdir(ckpt_dir) else None
-    _check_run_dir(recipe, out_dir, resume, checkpoint, state.is_main_process)
+    _check_run_dir(recipe, out_dir, resume, checkpoint)  # every process, before anyone writes
+    state.wait_for_everyone()
+    if state.is_main_process:
+        os.makedirs(out_dir, exist_ok=True)
+        _write_json(os.path.join(out_dir, "recipe.json"), _recipe_json(recipe))
     training_plan(recipe, state.num_processes)  # the batch arithmetic fails here, before any work
 
     run = build_run(recipe, out_dir, state, live if state.is_main_process else None, display)
@@ -154,9 +158,13 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     return summary
 
 
-def _check_run_dir(recipe: Recipe, out_dir: str, resume: bool, checkpoint, main: bool) -> None:
+def _recipe_json(recipe: Recipe) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(recipe), default=list))
+
+
+def _check_run_dir(recipe: Recipe, out_dir: str, resume: bool, checkpoint) -> None:
     saved = os.path.join(out_dir, "recipe.json")
-    current = json.loads(json.dumps(dataclasses.asdict(recipe), default=list))
+    current = _recipe_json(recipe)
     if resume:
         if not os.path.exists(saved):
             raise TrainError(f"{out_dir}: no training run to resume (no recipe.json)")
@@ -168,9 +176,6 @@ def _check_run_dir(recipe: Recipe, out_dir: str, resume: bool, checkpoint, main:
     elif os.path.exists(saved) or checkpoint:
         raise TrainError(f"{out_dir} already holds a training run: continue it with --resume, or "
                          "choose another --out")
-    if main:
-        os.makedirs(out_dir, exist_ok=True)
-        _write_json(saved, current)
 
 
 def _read_json(path: str):

@@ -102,6 +102,7 @@ class Rollouts:
         sched = Scheduler(self.policy, self.fmt, bus, s.sampling, cap=s.cap,
                           predictor=self.predictor if s.speculative else None, depth=s.depth)
         t0 = time.monotonic()
+        cache_before = (getattr(self.predictor, "lookups", 0), getattr(self.predictor, "hits", 0))
         self.live.start(metrics, len(tasks), label or f"step {step} rollouts")
         try:
             trajectories = asyncio.run(sched.run_batch(tasks, s.make_tool, speculative=s.speculative,
@@ -113,9 +114,11 @@ class Rollouts:
         result = StepRollouts(step, trajectories, metrics.summary(), class_hits(trajectories),
                               time.monotonic() - t0)
         result.metrics.update(outcome_metrics(trajectories))
-        if hasattr(self.predictor, "lookups") and s.speculative:
-            result.metrics["cache/lookups"] = self.predictor.lookups
-            result.metrics["cache/hits"] = self.predictor.hits
+        if hasattr(self.predictor, "lookups") and s.speculative:  # this step's, not cumulative
+            lookups = self.predictor.lookups - cache_before[0]
+            result.metrics["cache/lookups"] = lookups
+            result.metrics["cache/hits"] = self.predictor.hits - cache_before[1]
+            result.metrics["cache/hit_frac"] = result.metrics["cache/hits"] / lookups if lookups else None
         if out:
             self._write(out, mode, tasks, result, first_episode)
         if not label:

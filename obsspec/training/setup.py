@@ -142,7 +142,8 @@ class TrainingRun:
         if self.cotrainer is not None:
             self.cotrainer.restore(state.get("wm_version"))
         self.restored_step = int(os.path.basename(checkpoint_dir).rsplit("-", 1)[-1])
-        _truncate_metrics(os.path.join(self.out_dir, "metrics.jsonl"), self.restored_step)
+        if self.state.is_main_process:  # the only writer of metrics.jsonl
+            _truncate_metrics(os.path.join(self.out_dir, "metrics.jsonl"), self.restored_step)
 
     # -- evaluation, end -------------------------------------------------------------------------
     def evaluate(self, label: str) -> dict:

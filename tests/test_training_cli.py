@@ -136,6 +136,12 @@ def test_resume_refuses_a_changed_recipe_and_a_missing_run(root, run, tmp_path):
     assert r.returncode == 2 and "differs" in r.stderr and "train" in r.stderr
     r = cli("train", *common(root), "--out", str(tmp_path / "nothing"), "--resume", "--display", "none")
     assert r.returncode == 2 and "no training run to resume" in r.stderr
+    r = cli("train", *common(root), "train.families=[no-such-family]", "--out", str(tmp_path / "fam"),
+            "--display", "none")
+    assert r.returncode == 2 and "no train tasks of the families" in r.stderr
+    # that failed start left no step behind, so starting again needs no --resume
+    assert "already holds" not in cli("train", *common(root), "train.families=[no-such-family]", "--out",
+                                      str(tmp_path / "fam"), "--display", "none").stderr
 
 
 def test_dry_run_loads_nothing_and_bad_batch_shapes_are_one_line(tmp_path):

@@ -173,7 +173,7 @@ def _check_run_dir(recipe: Recipe, out_dir: str, resume: bool, checkpoint) -> No
         if changed:
             raise TrainError(f"{out_dir}: the recipe differs from the run's in {', '.join(changed)}: "
                              "resume with the same recipe and overrides, or start a new run (--out)")
-    elif os.path.exists(saved) or checkpoint:
+    elif checkpoint or os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
         raise TrainError(f"{out_dir} already holds a training run: continue it with --resume, or "
                          "choose another --out")
 

@@ -40,19 +40,19 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
     from obsspec.training.grpo import TrainError
 
     tasks_dir = recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks")
+    t = recipe.train
     with state.main_process_first():  # one process prepares the suite and builds the kit
         if not os.path.exists(os.path.join(tasks_dir, "trajectories.jsonl")):
             display.log(f"no prepared task suite at {tasks_dir}: preparing it now")
             asyncio.run(prepare_tasks(recipe, tasks_dir, display))
+        keep = (lambda task: task.family in t.families) if t.families else (lambda task: True)
+        train = [task for task in load_tasks(os.path.join(tasks_dir, "train.jsonl")) if keep(task)]
+        val_file = os.path.join(tasks_dir, "val.jsonl")
+        val = [task for task in load_tasks(val_file) if keep(task)] if os.path.exists(val_file) else []
+        if not train:  # before the kit is built: this is the recipe's mistake, not worth minutes
+            raise TrainError(f"{tasks_dir}: no train tasks" + (f" of the families {list(t.families)} "
+                             "(train.families)" if t.families else ""))
         policy_path, wm_path = model_paths(recipe, display)
-    t = recipe.train
-    keep = (lambda task: task.family in t.families) if t.families else (lambda task: True)
-    train = [task for task in load_tasks(os.path.join(tasks_dir, "train.jsonl")) if keep(task)]
-    val_file = os.path.join(tasks_dir, "val.jsonl")
-    val = [task for task in load_tasks(val_file) if keep(task)] if os.path.exists(val_file) else []
-    if not train:
-        raise TrainError(f"{tasks_dir}: no train tasks" + (f" of the families {list(t.families)} "
-                         "(train.families)" if t.families else ""))
     policy_engine, tokenizer = make_engine(recipe.policy, policy_path, recipe.policy.max_batch_size)
     fmt = ChatFormat(tokenizer)
     speculative = t.speculative and recipe.rollout.predictor != "none"

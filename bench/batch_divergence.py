@@ -21,7 +21,7 @@ from obsspec.config import load_recipe
 from obsspec.rollout.events import EventBus
 from obsspec.rollout.predictors import HistoryCache
 from obsspec.rollout.config import sampling as make_sampling
-from obsspec.rollout.run import _tool_factory, compare, episode_tasks, make_engine, model_paths
+from obsspec.rollout.run import tool_factory, compare, episode_tasks, make_engine, model_paths
 from obsspec.rollout.scheduler import Scheduler
 from obsspec.tokens import ChatFormat
 from obsspec.ui.display import PlainDisplay
@@ -51,7 +51,7 @@ async def main_async(args) -> dict:
             for speculative in (False, False, True):
                 sched = Scheduler(engine, fmt, EventBus(), sampling, cap=recipe.sandbox.output_cap,
                                   predictor=HistoryCache() if speculative else None)
-                runs.append(await sched.run_batch(episodes, _tool_factory(recipe, None), speculative))
+                runs.append(await sched.run_batch(episodes, tool_factory(recipe, None), speculative))
         finally:
             engine.close()
         key = "batch_invariant" if invariant else "batched"

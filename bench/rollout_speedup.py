@@ -36,7 +36,7 @@ from obsspec.rollout.events import EventBus
 from obsspec.rollout.metrics import SpecMetrics
 from obsspec.rollout.predictors import Corrupting
 from obsspec.rollout.config import sampling as make_sampling
-from obsspec.rollout.run import _predictor, _tool_factory, compare, episode_tasks, make_engine, model_paths
+from obsspec.rollout.run import _predictor, tool_factory, compare, episode_tasks, make_engine, model_paths
 from obsspec.rollout.scheduler import Scheduler
 from obsspec.tokens import ChatFormat
 from obsspec.ui.display import PlainDisplay
@@ -129,7 +129,7 @@ class Bench:
         bus.subscribe(timings)
         sched = Scheduler(self.policy, self.fmt, bus, self.sampling, cap=recipe.sandbox.output_cap,
                           predictor=predictor, depth=recipe.rollout.depth)
-        trajs = await sched.run_batch(self.episodes, _tool_factory(recipe, None), predictor is not None,
+        trajs = await sched.run_batch(self.episodes, tool_factory(recipe, None), predictor is not None,
                                       concurrency=recipe.rollout.concurrency)
         return trajs, metrics, timings
 

@@ -40,12 +40,18 @@ class RolloutError(ValueError):
 # Inputs: tasks, models, engines
 
 
-async def episode_tasks(recipe: Recipe, display: Display) -> list[Task]:
-    cfg = recipe.rollout
-    tasks_dir = cfg.tasks_dir or os.path.join(recipe.run_dir, "tasks")
+async def ensure_tasks(recipe: Recipe, display: Display) -> str:
+    """The recipe's prepared task suite (rollout.tasks_dir or RUN_DIR/tasks), prepared if missing."""
+    tasks_dir = recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks")
     if not os.path.exists(os.path.join(tasks_dir, "trajectories.jsonl")):
         display.log(f"no prepared task suite at {tasks_dir}: preparing it now")
         await prepare_tasks(recipe, tasks_dir, display)
+    return tasks_dir
+
+
+async def episode_tasks(recipe: Recipe, display: Display) -> list[Task]:
+    cfg = recipe.rollout
+    tasks_dir = await ensure_tasks(recipe, display)
     tasks = load_tasks(os.path.join(tasks_dir, f"{cfg.split}.jsonl"))
     tasks = spread(tasks, min(cfg.num_tasks, len(tasks)))
     if not tasks:
@@ -138,7 +144,7 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
             live.start(metrics, len(episodes), f"{m} rollout")
             try:
                 results[m] = await sched.run_batch(
-                    episodes, _tool_factory(recipe, recorded), speculative=(m == "speculative"),
+                    episodes, tool_factory(recipe, recorded), speculative=(m == "speculative"),
                     concurrency=cfg.concurrency)
             finally:
                 live.stop()
@@ -178,13 +184,18 @@ def _predictor(recipe: Recipe, fmt, wm_engine, sequential, recorded, episodes, a
         return Oracle([(task.content_hash(), [t.command for t in tr.turns if t.kind == "bash"],
                         [t.observation for t in tr.turns if t.kind == "bash"])
                        for task, tr in zip(episodes, source)])
+    return world_model_predictor(recipe, fmt, wm_engine, adapter, recipe.rollout.seed)
+
+
+def world_model_predictor(recipe: Recipe, fmt, wm_engine, adapter: str | None, seed: int):
+    """The recipe's world model as a predictor (`adapter`: the loaded adapter's name, or None)."""
     wm = recipe.world_model
     return WorldModelPredictor(wm_engine, fmt, cap=recipe.sandbox.output_cap, max_tokens=wm.max_tokens,
                                breadth=recipe.rollout.breadth, temperature=wm.temperature,
-                               adapter=adapter, seed=recipe.rollout.seed)
+                               adapter=adapter, seed=seed)
 
 
-def _tool_factory(recipe: Recipe, recorded):
+def tool_factory(recipe: Recipe, recorded):
     if recorded is not None:
         return lambda task, episode: ReplayTool(recorded[episode]["turns"], recorded[episode]["reward"])
     return lambda task, episode: SandboxTool(task, episode, recipe.sandbox, recipe.rollout.latency)

@@ -24,10 +24,9 @@ import os
 from transformers import TrainerCallback
 
 from obsspec.config import Recipe
-from obsspec.env.suite import load_tasks, prepare_tasks, spread
+from obsspec.env.suite import load_tasks, spread
 from obsspec.rollout.config import sampling
-from obsspec.rollout.predictors import WithHistory, WorldModelPredictor
-from obsspec.rollout.tools import SandboxTool
+from obsspec.rollout.predictors import WithHistory
 from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics
 
 STATE_FILE = "obsspec_state.json"
@@ -35,16 +34,16 @@ EVAL_EPISODES = 10**9  # val episodes are numbered from here: the same seeds bef
 
 
 def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRun":
-    from obsspec.rollout.run import check_same_tokenizer, make_engine, model_paths
+    from obsspec.rollout.run import (check_same_tokenizer, ensure_tasks, make_engine, model_paths,
+                                     tool_factory, world_model_predictor)
     from obsspec.tokens import ChatFormat
     from obsspec.training.grpo import TrainError
+    from obsspec.worldmodel.adapters import resolve_adapter
 
-    tasks_dir = recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks")
     t = recipe.train
+    adapter = resolve_adapter(recipe.world_model.adapter)  # a bad one fails now, not after the kit
     with state.main_process_first():  # one process prepares the suite and builds the kit
-        if not os.path.exists(os.path.join(tasks_dir, "trajectories.jsonl")):
-            display.log(f"no prepared task suite at {tasks_dir}: preparing it now")
-            asyncio.run(prepare_tasks(recipe, tasks_dir, display))
+        tasks_dir = asyncio.run(ensure_tasks(recipe, display))
         keep = (lambda task: task.family in t.families) if t.families else (lambda task: True)
         train = [task for task in load_tasks(os.path.join(tasks_dir, "train.jsonl")) if keep(task)]
         val_file = os.path.join(tasks_dir, "val.jsonl")
@@ -60,19 +59,15 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
     if speculative:
         wm_engine, wm_tokenizer = make_engine(recipe.world_model, wm_path)
         check_same_tokenizer(tokenizer, wm_tokenizer, wm_path)
-        wm = recipe.world_model
-        predictor = WorldModelPredictor(wm_engine, fmt, cap=recipe.sandbox.output_cap,
-                                        max_tokens=wm.max_tokens, breadth=recipe.rollout.breadth,
-                                        temperature=wm.temperature, seed=t.seed)
-        if wm.adapter:
-            asyncio.run(wm_engine.load_adapter("wm-v0", wm.adapter))
-            predictor.adapter = "wm-v0"
+        if adapter is not None:
+            asyncio.run(wm_engine.load_adapter(adapter.name, adapter.path))
+        predictor = world_model_predictor(recipe, fmt, wm_engine, adapter.name if adapter else None, t.seed)
         if t.history_cache:
             predictor = WithHistory(predictor)
     settings = RolloutSettings(
         sampling=sampling(recipe.policy, t.seed), cap=recipe.sandbox.output_cap,
         speculative=speculative, depth=recipe.rollout.depth, episodes_per_step=t.episodes_per_step,
-        make_tool=lambda task, episode: SandboxTool(task, episode, recipe.sandbox, recipe.rollout.latency),
+        make_tool=tool_factory(recipe, None),
         concurrency=recipe.rollout.concurrency)
     by_id = {task.task_id: task for task in train}
     rollouts = Rollouts(by_id, settings, policy_engine, fmt, predictor, out_dir,

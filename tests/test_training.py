@@ -200,37 +200,78 @@ def test_published_settings_in_the_gpu_recipes():
 # Co-training
 
 
-def test_a_failed_cotraining_child_is_loud_and_the_engine_keeps_its_version(tmp_path):
-    import subprocess
-    import sys
+class _Recorder:
+    def __init__(self):
+        self.lines = []
+
+    def log(self, message):
+        self.lines.append(message)
+
+
+class _Engine:
+    def __init__(self):
+        self.loaded, self.unloaded = [], []
+
+    async def load_adapter(self, name, path):
+        self.loaded.append(name)
+
+    async def unload_adapter(self, name):
+        self.unloaded.append(name)
+
+
+class _Predictor:
+    adapter = "wm-v3"
+
+
+def test_a_dead_cotraining_worker_is_loud_restarted_and_the_engine_keeps_its_version(tmp_path):
+    from obsspec.training.cotrain import CoTrainer
+
+    recipe = load_recipe("recipes/tiny-cpu.yaml")
+    display, engine = _Recorder(), _Engine()
+    # a base that does not exist: the real worker process dies while loading it
+    co = CoTrainer(recipe, str(tmp_path / "no-such-model"), engine, _Predictor(), str(tmp_path), display)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("")
+    co.start(4, str(rows))
+    first = co._worker
+    co.before_rollouts(5)
+    assert co.failures == 1 and co.version is None and engine.loaded == []
+    assert "FAILED" in display.lines[0] and "exited" in display.lines[0] and "no-such-model" in display.lines[0]
+    assert co.metrics()["wm/cotrain_failures"] == 1 and _Predictor.adapter == "wm-v3"
+    co.start(5, str(rows))               # the next job gets a new worker
+    assert co._worker is not first
+    co.close()
+    assert first.proc.poll() is not None
+
+
+def test_one_cotraining_worker_trains_every_version_and_a_failed_job_keeps_it_alive(tokenizer, tmp_path):
+    import json
 
     from obsspec.training.cotrain import CoTrainer
 
-    class Recorder:
-        def __init__(self):
-            self.lines = []
-
-        def log(self, message):
-            self.lines.append(message)
-
-    class Engine:
-        loaded = []
-
-        async def load_adapter(self, name, path):
-            Engine.loaded.append(name)
-
-    class Predictor:
-        adapter = "wm-v3"
-
+    cfg = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                          intermediate_size=64)
+    base = str(tmp_path / "world_model")
+    tiny.save(tiny.build_model(cfg, tokenizer, 256), tokenizer, base)
     recipe = load_recipe("recipes/tiny-cpu.yaml")
-    display = Recorder()
-    co = CoTrainer(recipe, "unused", Engine(), Predictor(), str(tmp_path), display)
-    co.version = 3
-    out = str(tmp_path / "step-000004.adapter")
-    open(out + ".log", "w").write("Traceback ...\nValueError: something broke\n")
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
-    co._child = (child, 4, out, 0.0)
-    co.before_rollouts(5)
-    assert co.failures == 1 and co.version == 3 and Engine.loaded == []
-    assert "FAILED" in display.lines[0] and "something broke" in display.lines[0]
-    assert co.metrics()["wm/cotrain_failures"] == 1 and Predictor.adapter == "wm-v3"
+    display, engine = _Recorder(), _Engine()
+    co = CoTrainer(recipe, base, engine, _Predictor(), str(tmp_path / "run"), display)
+    good = tmp_path / "rows.jsonl"
+    good.write_text("".join(json.dumps({"input_ids": [5, 6, 7, 8, 9, 10], "completion_mask": [0, 0, 0, 1, 1, 1]}) + "\n"
+                            for _ in range(4)))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    co.start(1, str(good))
+    worker = co._worker
+    co.finish()
+    co.start(2, str(bad))
+    co.finish()
+    co.start(3, str(good))
+    co.finish()
+    assert co._worker is worker and worker.proc.poll() is None, "one process for every job"
+    assert co.failures == 1 and "JSONDecodeError" in display.lines[0]
+    assert co.version == 2 and engine.loaded == ["wm-v1", "wm-v2"]
+    assert engine.unloaded == ["wm-v3", "wm-v1"], "the version it replaces is unloaded"
+    assert co.store.get(2).meta()["step"] == 3          # step 2's job failed: version 2 is step 3's
+    co.close()
+    assert worker.proc.poll() is not None

@@ -2,14 +2,16 @@
 
 After a step's rollouts, its fresh (context -> real observation) pairs — the rollouts' own token
 ids, loss on observation bodies + closing tags (`warmstart.trajectory_examples`) — train the
-adapter further, continuing from the version in use. Training runs in a child process
-(`python -m obsspec.training.cotrain`): it runs alongside the policy's GRPO update instead of
-after it, and it is its own single-process job even when the trainer is distributed. Before the
-next step's rollouts the child is awaited, its adapter published as a new version
+adapter further, continuing from the version in use. Training runs in one long-lived worker
+process (`python -m obsspec.training.cotrain`), which imports the libraries and loads the base
+model once and then trains one adapter per job: it runs alongside the policy's GRPO update instead
+of after it, and it is its own single-process job even when the trainer is distributed. Before the
+next step's rollouts the job is awaited, its adapter published as a new version
 (obsspec/worldmodel/adapters.py `AdapterStore`: atomic, with a `latest` pointer) and swapped into
-the world model's engine under a new name; the previous version is unloaded. A failed child is
-reported loudly and counted; the engine keeps serving the version it had (drafts are verified
-either way, so a stale adapter costs hit rate, never correctness).
+the world model's engine under a new name; the previous version is unloaded. A failed job or a
+dead worker is reported loudly and counted (a dead worker is restarted for the next job); the
+engine keeps serving the version it had (drafts are verified either way, so a stale adapter costs
+hit rate, never correctness).
 """
 
 from __future__ import annotations
@@ -28,6 +30,51 @@ DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MAST
                    "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
 
 
+class Worker:
+    """The co-training process, seen from the trainer: one JSON job per line on its stdin, one
+    JSON reply per line on its stdout; its logs go to `log_path`."""
+
+    def __init__(self, base_path: str, log_path: str):
+        env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV and not k.startswith("ACCELERATE_")}
+        self.log_path = log_path
+        with open(log_path, "a") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "obsspec.training.cotrain", "--base", base_path],
+                                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=log, text=True)
+
+    def submit(self, job: dict) -> bool:
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    def reply(self) -> dict:
+        """The running job's reply; a worker that died says so, with the end of its log."""
+        line = self.proc.stdout.readline()
+        if line:
+            return json.loads(line)
+        rc = self.proc.wait()
+        with open(self.log_path) as f:
+            tail = f.read()[-600:]
+        return {"ok": False, "dead": True, "error": f"the co-training worker exited ({rc}):\n{tail}"}
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
 class CoTrainer:
     def __init__(self, recipe, base_path: str, engine, predictor, out_dir: str, display):
         from obsspec.worldmodel.adapters import AdapterStore
@@ -40,7 +87,8 @@ class CoTrainer:
         self.version: int | None = None     # the version serving rollouts (None = as loaded)
         self.failures = 0
         self.last_stats: dict = {}
-        self._child: tuple[subprocess.Popen, int, str, float] | None = None
+        self._worker: Worker | None = None
+        self._job: tuple[int, str, float] | None = None   # (step, adapter dir, start time)
 
     # -- hooks of the rollout function -----------------------------------------------------------
     def after_rollouts(self, result) -> None:
@@ -55,40 +103,41 @@ class CoTrainer:
         with open(data, "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-        out = os.path.join(self.work, f"step-{result.step:06d}.adapter")
-        cfg = dataclasses.replace(self.recipe.wm_train, epochs=self.recipe.train.cotrain_epochs, max_steps=0)
-        cmd = [sys.executable, "-m", "obsspec.training.cotrain", "--base", self.base_path,
-               "--rows", data, "--out", out, "--config", json.dumps(dataclasses.asdict(cfg))]
-        current = self.store.get(self.version) if self.version is not None else None
-        if current is not None:
-            cmd += ["--init", current.path]
-        env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV and not k.startswith("ACCELERATE_")}
-        log = open(out + ".log", "w")
-        self._child = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT),
-                       result.step, out, time.monotonic())
-        log.close()
+        self.start(result.step, data)
 
     def before_rollouts(self, step: int) -> None:
         self.finish()
 
+    def start(self, step: int, rows_path: str) -> None:
+        """Hand the worker one job: train the next version on `rows_path`."""
+        out = os.path.join(self.work, f"step-{step:06d}.adapter")
+        cfg = dataclasses.replace(self.recipe.wm_train, epochs=self.recipe.train.cotrain_epochs, max_steps=0)
+        current = self.store.get(self.version) if self.version is not None else None
+        job = {"rows": rows_path, "out": out, "config": dataclasses.asdict(cfg),
+               "init": current.path if current is not None else None}
+        os.makedirs(self.work, exist_ok=True)
+        if self._worker is None:
+            self._worker = Worker(self.base_path, os.path.join(self.work, "worker.log"))
+        self._worker.submit(job)   # a dead worker shows in its reply
+        self._job = (step, out, time.monotonic())
+
     # -- the swap --------------------------------------------------------------------------------
     def finish(self) -> None:
-        """Await the running child (if any), publish its adapter and swap it in."""
-        if self._child is None:
+        """Await the running job (if any), publish its adapter and swap it in."""
+        if self._job is None:
             return
-        proc, step, out, t0 = self._child
-        self._child = None
-        rc = proc.wait()
-        stats_path = os.path.join(out, "stats.json")
-        if rc != 0 or not os.path.exists(stats_path):
+        step, out, t0 = self._job
+        self._job = None
+        reply = self._worker.reply()
+        if reply.get("dead"):
+            self._worker.close()
+            self._worker = None   # restarted for the next job
+        if not reply.get("ok"):
             self.failures += 1
-            tail = open(out + ".log").read()[-600:] if os.path.exists(out + ".log") else ""
-            self.display.log(f"world-model co-training after step {step} FAILED (exit {rc}); the "
-                             f"world model keeps adapter version {self.version}. Log {out}.log:\n{tail}")
+            self.display.log(f"world-model co-training after step {step} FAILED; the world model keeps "
+                             f"adapter version {self.version}. {reply.get('error', '')}")
             return
-        with open(stats_path) as f:
-            stats = json.load(f)
-        stats.update(step=step, wall_sec=round(time.monotonic() - t0, 2))
+        stats = dict(reply["stats"], step=step, wall_sec=round(time.monotonic() - t0, 2))
         version = self.store.publish(out, meta=stats)
         self.last_stats = stats
         self._serve(version)
@@ -116,41 +165,54 @@ class CoTrainer:
                 "wm/examples": s.get("examples"), "wm/swap_sec": s.get("swap_sec")}
 
     def close(self) -> None:
-        if self._child is not None:
-            self._child[0].kill()
-            self._child[0].wait()
-            self._child = None
+        self._job = None
+        if self._worker is not None:
+            self._worker.proc.kill()
+            self._worker.close()
+            self._worker = None
 
 
 # ---------------------------------------------------------------------------------------------
-# The child process
+# The worker process
 
 
 def main(argv: list[str] | None = None) -> None:
     import argparse
+    import traceback
+
+    p = argparse.ArgumentParser(prog="python -m obsspec.training.cotrain",
+                                description="The world-model co-training worker (started by obsspec train): "
+                                            "reads one JSON job per line on stdin, trains that adapter, "
+                                            "writes one JSON reply per line.")
+    p.add_argument("--base", required=True, help="the world model's base (a model folder)")
+    args = p.parse_args(argv)
+    # Replies go through a private copy of stdout; whatever the libraries print goes to the log.
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
 
     from obsspec.models.tiny import load_pretrained
     from obsspec.worldmodel.config import WorldModelTrainConfig
     from obsspec.worldmodel.train import train_adapter
 
-    p = argparse.ArgumentParser(prog="python -m obsspec.training.cotrain",
-                                description="Train one co-training adapter version (run by obsspec train).")
-    p.add_argument("--base", required=True)
-    p.add_argument("--rows", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--config", required=True, help="wm_train fields as JSON")
-    p.add_argument("--init", default=None, help="the adapter to continue from")
-    args = p.parse_args(argv)
-    fields = json.loads(args.config)
-    fields["target_modules"] = tuple(fields["target_modules"])
-    fields["data"] = tuple(fields.get("data", ()))
-    cfg = WorldModelTrainConfig(**fields)
     model, tokenizer = load_pretrained(args.base)
-    with open(args.rows) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    stats = train_adapter(model, tokenizer, rows, cfg, args.out, init_adapter=args.init)
-    with open(os.path.join(args.out, "stats.json"), "w") as f:
-        json.dump(stats, f)
+    for line in sys.stdin:
+        try:
+            job = json.loads(line)
+            fields = dict(job["config"])
+            fields["target_modules"] = tuple(fields["target_modules"])
+            fields["data"] = tuple(fields.get("data", ()))
+            with open(job["rows"]) as f:
+                rows = [json.loads(x) for x in f if x.strip()]
+            stats = train_adapter(model, tokenizer, rows, WorldModelTrainConfig(**fields), job["out"],
+                                  init_adapter=job["init"])
+            reply = {"ok": True, "stats": stats}
+        except Exception:  # reported to the trainer, which keeps its adapter and counts the failure
+            error = traceback.format_exc()
+            print(error, file=sys.stderr, flush=True)
+            reply = {"ok": False, "error": error[-800:]}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
 
 
 if __name__ == "__main__":

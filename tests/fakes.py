@@ -95,3 +95,84 @@ class ScriptedPolicy:
     def cancel(self, request_id: str) -> bool:
         self.cancelled.add(request_id)
         return True
+
+
+class VLLMProtocolServer:
+    """A local HTTP server that answers the subset of vLLM's OpenAI-compatible API obsspec's
+    `VLLMEngine` speaks (/v1/completions with token ids, /v1/load_lora_adapter,
+    /v1/unload_lora_adapter) by running a real `HFEngine`: a stand-in for a vLLM server on a
+    machine without a GPU. `calls` records (path, model or adapter name) in arrival order.
+
+        with VLLMProtocolServer(hf_engine, "policy") as server:
+            VLLMEngine(server.url, "policy")
+    """
+
+    def __init__(self, engine, model_name: str):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.engine, self.model_name, self.calls = engine, model_name, []
+        self.lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                import json
+
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status, reply = outer.answer(self.path, body)
+                data = json.dumps(reply).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
+        self.loaded: set[str] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def answer(self, path: str, body: dict) -> tuple[int, dict]:
+        if path == "/v1/load_lora_adapter":
+            asyncio.run(self.engine.load_adapter(body["lora_name"], body["lora_path"]))
+            with self.lock:
+                self.calls.append((path, body["lora_name"]))
+                self.loaded.add(body["lora_name"])
+            return 200, {}
+        if path == "/v1/unload_lora_adapter":
+            asyncio.run(self.engine.unload_adapter(body["lora_name"]))
+            with self.lock:
+                self.calls.append((path, body["lora_name"]))
+                self.loaded.discard(body["lora_name"])
+            return 200, {}
+        model = body["model"]
+        with self.lock:
+            self.calls.append((path, model))
+            known = model == self.model_name or model in self.loaded
+        if not known:
+            return 404, {"error": {"message": f"The model `{model}` does not exist."}}
+        gen = asyncio.run(self.engine.generate(GenerationRequest(
+            tuple(body["prompt"]), max_new_tokens=body["max_tokens"], temperature=body["temperature"],
+            top_p=body["top_p"], seed=body["seed"], stop_token_ids=tuple(body["stop_token_ids"]),
+            adapter=None if model == self.model_name else model)))
+        reason = {"stop": "stop", "length": "length", "cancelled": "abort"}[gen.finish_reason]
+        choice = {"index": 0, "token_ids": list(gen.token_ids), "finish_reason": reason,
+                  "stop_reason": gen.stop_reason, "logprobs": {"token_logprobs": list(gen.logprobs)}}
+        return 200, {"id": "cmpl", "object": "text_completion", "model": model, "choices": [choice]}
+
+    def __enter__(self) -> "VLLMProtocolServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -186,6 +186,16 @@ def test_every_training_recipe_has_a_plan(name):
     assert plan["episodes_total"] == plan["steps"] * per["episodes"]
 
 
+def test_a_vllm_policy_needs_a_policy_lora():
+    r = load_recipe("recipes/tiny-cpu.yaml", ["policy.engine=vllm", "policy.server_url=http://127.0.0.1:1"])
+    with pytest.raises(TrainError, match="policy_lora_rank > 0"):
+        training_plan(r)
+    plan = training_plan(load_recipe("recipes/terminal-8b.yaml"))
+    assert plan["policy"]["engine"] == "vllm" and plan["policy"]["trained"] == "LoRA rank 64"
+    with pytest.raises(ConfigError, match="policy_lora_rank"):
+        load_recipe("recipes/tiny-cpu.yaml", ["train.policy_lora_rank=-1"])
+
+
 def test_published_settings_in_the_gpu_recipes():
     r = load_recipe("recipes/terminal-8b.yaml")
     assert (r.train.tasks_per_step, r.train.group_size, r.train.learning_rate) == (16, 16, 1e-6)

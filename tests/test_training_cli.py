@@ -230,3 +230,80 @@ def test_rollouts_of_step_k_plus_1_run_on_the_weights_step_k_left(root, tmp_path
     for k in (1, 2):
         assert at_rollout[k + 1] == after_step[k], f"step {k + 1}'s rollouts did not use step {k}'s weights"
         assert after_step[k] != at_rollout[k], f"step {k}'s update did not change the weights"
+
+
+def test_a_vllm_policy_server_gets_each_steps_lora_and_rollouts_stay_on_policy(root, run, tmp_path, monkeypatch):
+    """policy.engine=vllm: the rollouts generate on a server (here a local server speaking vLLM's
+    API over a real hf engine), the trainer trains a policy LoRA, and before every round of
+    rollouts the adapter the last update left is loaded there under a new name. Checked: the load
+    order, the adapter every generation named, and that the logprobs the server returned for each
+    step's sampled tokens are the trainer's model's at that moment (recomputed), while the base
+    model's differ after the first update."""
+    import torch
+
+    from fakes import VLLMProtocolServer
+    from obsspec.config import load_recipe
+    from obsspec.engines.hf import HFEngine
+    from obsspec.models.tiny import load_pretrained
+    from obsspec.rollout.run import model_paths
+    from obsspec.training import grpo, rollouts as R
+    from obsspec.ui.display import NullDisplay
+
+    base = common(root)
+    policy_path, _ = model_paths(load_recipe(base[0], base[1:]), NullDisplay())
+    served, tokenizer = load_pretrained(policy_path)
+    checked = {}
+    call = R.Rollouts.__call__
+
+    def spy_call(self, prompts, trainer):
+        out = call(self, prompts, trainer)
+        step, model = trainer.state.global_step + 1, trainer.model
+        temperature = self.settings.sampling.temperature
+        worst = {"trainer": 0.0, "base": 0.0}
+        with torch.no_grad():
+            for p, c, lp, m in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
+                ids = torch.tensor([p + c])
+                for name in worst:
+                    if name == "base":
+                        with model.disable_adapter():
+                            logits = model(input_ids=ids).logits
+                    else:
+                        logits = model(input_ids=ids).logits
+                    want = torch.log_softmax(logits[0, len(p) - 1:-1].float() / temperature, -1)
+                    want = want.gather(1, torch.tensor(c)[:, None])[:, 0]
+                    for i, keep in enumerate(m):
+                        if keep:
+                            worst[name] = max(worst[name], abs(want[i].item() - lp[i]))
+        checked[step] = (self.policy_adapter, worst)
+        return out
+
+    def alternating(self, prompts=None, completions=None, verifier_reward=None, **kw):
+        return [float(i % 2) for i in range(len(verifier_reward))]  # every group has signal
+
+    monkeypatch.setattr(R.Rollouts, "__call__", spy_call)
+    monkeypatch.setattr(R.Rollouts, "reward", alternating)
+    engine = HFEngine(served, tokenizer, batch_invariant=True)
+    try:
+        with VLLMProtocolServer(engine, policy_path) as server:
+            recipe = load_recipe(base[0], [*base[1:], "train.steps=3", "train.cotrain_every=0",
+                                           "policy.engine=vllm", f"policy.server_url={server.url}",
+                                           "train.policy_lora_rank=4", "train.eval_tasks=1"])
+            grpo.run_training(recipe, str(tmp_path / "vllm"))
+    finally:
+        engine.close()
+    loads = [(p.rsplit("/", 1)[-1], name) for p, name in server.calls if "lora" in p]
+    assert loads == [("load_lora_adapter", "policy-v1"),
+                     ("load_lora_adapter", "policy-v2"), ("unload_lora_adapter", "policy-v1"),
+                     ("load_lora_adapter", "policy-v3"), ("unload_lora_adapter", "policy-v2"),
+                     ("load_lora_adapter", "policy-v4"), ("unload_lora_adapter", "policy-v3")]
+    generated = [name for p, name in server.calls if p.endswith("completions")]
+    blocks = [name for i, name in enumerate(generated) if i == 0 or generated[i - 1] != name]
+    assert blocks == [policy_path, "policy-v1", "policy-v2", "policy-v3", "policy-v4"], \
+        "val before (the base), steps 1-3 (the adapter the previous update left), val after"
+    assert sorted(checked) == [1, 2, 3]
+    for step, (adapter, worst) in checked.items():
+        assert adapter == f"policy-v{step}"
+        assert worst["trainer"] < 1e-3, f"step {step}: the server did not sample from the trainer's weights"
+    assert max(checked[3][1]["base"], checked[2][1]["base"]) > 1e-2, "the updates changed nothing"
+    rows = metrics(tmp_path / "vllm")
+    assert [r["policy/version"] for r in rows] == [1, 2, 3]

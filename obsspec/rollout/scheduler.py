@@ -76,11 +76,12 @@ class _Speculation:
 
 class Scheduler:
     def __init__(self, policy, fmt, bus: EventBus, sampling: Sampling, cap: int,
-                 predictor: Predictor | None = None, depth: int = 1):
+                 predictor: Predictor | None = None, depth: int = 1, adapter: str | None = None):
         if depth < 1:
             raise ValueError("speculation depth must be >= 1")
         self.policy, self.fmt, self.bus, self.sampling = policy, fmt, bus, sampling
         self.cap, self.predictor, self.depth = cap, predictor, depth
+        self.adapter = adapter  # the policy's LoRA version on its engine (None: the model as served)
         self._wm_ids = itertools.count()
 
     # -- one episode ------------------------------------------------------------------------------
@@ -188,7 +189,8 @@ class Scheduler:
         return GenerationRequest(prompt_ids, max_new_tokens=self._budget(len(prompt_ids)),
                                  temperature=s.temperature, top_p=s.top_p,
                                  seed=derive_seed(s.seed, "policy", episode, turn),
-                                 stop_token_ids=self.fmt.stop_token_ids, priority=priority)
+                                 stop_token_ids=self.fmt.stop_token_ids, priority=priority,
+                                 adapter=self.adapter)
 
     async def _generate(self, prompt_ids, episode: int, turn: int, speculative: bool,
                         request: GenerationRequest | None = None) -> Generation:

@@ -30,6 +30,15 @@ class TrainConfig:
     epsilon_high: float = doc(0.28, "PPO clip range above 1 (DAPO's clip-higher).")
     loss_type: str = doc("dapo", "TRL's GRPO loss normalisation: dapo, grpo, dr_grpo, bnpo.")
     max_grad_norm: float = doc(1.0, "Gradient clipping norm.")
+    policy_lora_rank: int = doc(0, "Train a LoRA adapter of this rank on the policy instead of all "
+                                   "its weights (PEFT; 0 = full fine-tuning). Needed with "
+                                   "policy.engine=vllm: before every round of rollouts the adapter "
+                                   "is published as a new version and loaded into the server under "
+                                   "a new name, which those rollouts generate with.")
+    policy_lora_alpha: int = doc(0, "LoRA alpha of the policy adapter (0 = twice the rank).")
+    policy_lora_targets: tuple[str, ...] = doc(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        "Modules of the policy that get LoRA layers (names vLLM's LoRA support serves).")
     speculative: bool = doc(True, "Roll out with observation speculation (false: sequentially; "
                                   "the same tokens either way, only the time differs).")
     history_cache: bool = doc(True, "Before asking the world model, look the observation up in "
@@ -59,6 +68,10 @@ class TrainConfig:
         if self.group_size < 2:
             raise ValueError(f"train.group_size must be >= 2: GRPO's baseline is the group mean, "
                              f"a group of {self.group_size} has no signal")
+        if self.policy_lora_rank < 0 or self.policy_lora_alpha < 0:
+            raise ValueError("train.policy_lora_rank and train.policy_lora_alpha must be >= 0")
+        if self.policy_lora_rank and not self.policy_lora_targets:
+            raise ValueError("train.policy_lora_targets is empty: name the modules that get LoRA layers")
         if self.cotrain_every < 0 or self.eval_tasks < 0 or self.cotrain_epochs <= 0:
             raise ValueError("train.cotrain_every and train.eval_tasks must be >= 0, "
                              "train.cotrain_epochs > 0")
@@ -70,6 +83,16 @@ class TrainConfig:
             raise ValueError("train.loss_type must be dapo, grpo, dr_grpo or bnpo")
         if self.report_to not in ("tensorboard", "none"):
             raise ValueError("train.report_to must be tensorboard or none")
+
+    def policy_lora(self):
+        """The PEFT LoraConfig of the policy adapter, or None (full fine-tuning)."""
+        if not self.policy_lora_rank:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(r=self.policy_lora_rank, lora_alpha=self.policy_lora_alpha or 2 * self.policy_lora_rank,
+                          lora_dropout=0.0, target_modules=list(self.policy_lora_targets), bias="none",
+                          task_type="CAUSAL_LM")
 
     @property
     def episodes_per_step(self) -> int:

@@ -5,7 +5,9 @@
 
 Setup: the task suite and (for 'tiny') the model kit are built on first use; the policy is loaded
 and served by the hf engine *in place*: the engine's model is the trainer's model, so the
-rollouts of step k+1 run on the weights that step k's optimizer update left (tested). The world
+rollouts of step k+1 run on the weights that step k's optimizer update left (tested). With a vLLM
+server for the policy, the trainer trains a policy LoRA whose new version the server loads
+before each round of rollouts (obsspec/training/policy_sync.py; tested against a local server). The world
 model is served by its own engine behind a history cache (obsspec/rollout/predictors.py
 `WithHistory`), with its LoRA adapter co-trained between steps (obsspec/training/cotrain.py).
 Everything TRL does is TRL's: optimisation, clipping, logging, checkpoints.
@@ -43,10 +45,11 @@ def training_plan(recipe: Recipe, num_processes: int = 1) -> dict:
         accum = t.accumulation(num_processes)
     except ValueError as e:
         raise TrainError(str(e)) from None
-    if pol.engine == "vllm":
-        raise TrainError("policy.engine=vllm is not supported by obsspec train yet: the trainer's "
-                         "weights are not pushed to a vLLM server, so rollouts would be off-policy. "
-                         "Use policy.engine=hf (it serves the live weights; docs/TRAINING.md)")
+    if pol.engine == "vllm" and not t.policy_lora_rank:
+        raise TrainError("policy.engine=vllm needs train.policy_lora_rank > 0: obsspec pushes a "
+                         "policy LoRA to the vLLM server before every round of rollouts, not full "
+                         "weights, so full fine-tuning would roll out off-policy. Set "
+                         "train.policy_lora_rank, or use policy.engine=hf (it serves the live weights)")
     if pol.temperature <= 0:
         raise TrainError("policy.temperature is 0 (greedy): every episode of a GRPO group would be "
                          "the same, so no group has signal; set policy.temperature > 0")
@@ -55,7 +58,10 @@ def training_plan(recipe: Recipe, num_processes: int = 1) -> dict:
         "policy": {"model": pol.model, "engine": pol.engine, "device": pol.device,
                    "sampling": {"temperature": pol.temperature, "top_p": pol.top_p,
                                 "max_turns": pol.max_turns, "max_new_tokens": pol.max_new_tokens,
-                                "max_context": pol.max_context}},
+                                "max_context": pol.max_context},
+                   "trained": (f"LoRA rank {t.policy_lora_rank}" if t.policy_lora_rank else "all weights"),
+                   "weights_reach_rollouts": ("the engine serves the trainer's model" if pol.engine == "hf"
+                                              else "a new LoRA version loaded into the server each step")},
         "world_model": {"model": wm.model, "engine": wm.engine, "device": wm.device,
                         "adapter": wm.adapter or None, "used": speculative,
                         "cotrain_every": t.cotrain_every if speculative else 0,
@@ -147,6 +153,7 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
         trainer = run.trainer(grpo_args(recipe.train, recipe, out_dir, state.num_processes))
         trainer.train(resume_from_checkpoint=checkpoint)
         run.finish_cotraining()
+        run.sync_policy(trainer)
         if state.is_main_process and recipe.train.eval_tasks:
             evals["after"] = run.evaluate("val after training")
             _write_json(os.path.join(out_dir, "eval.json"), evals)

@@ -72,6 +72,8 @@ class Rollouts:
         self.predictor, self.out_dir, self.rank = predictor, out_dir, rank
         self.live = live or NoLive()
         self.last: StepRollouts | None = None
+        self.policy_adapter: str | None = None   # set by PolicySync when the engine is a server
+        self.sync = None              # called with the trainer before each step's rollouts
         self.before_rollouts = []     # callables run before each step's rollouts (adapter swaps)
         self.after_rollouts = []      # callables given each StepRollouts (co-training)
 
@@ -79,6 +81,8 @@ class Rollouts:
     def __call__(self, prompts: list[str], trainer) -> dict:
         step = trainer.state.global_step + 1
         first = (step - 1) * self.settings.episodes_per_step + self.rank * len(prompts)
+        if self.sync is not None:
+            self.sync(trainer)        # the trainer's current weights reach the policy's server
         for hook in self.before_rollouts:
             hook(step)
         unknown = sorted({p for p in prompts if p not in self.tasks})
@@ -100,7 +104,8 @@ class Rollouts:
         if trace:
             bus.subscribe(trace)
         sched = Scheduler(self.policy, self.fmt, bus, s.sampling, cap=s.cap,
-                          predictor=self.predictor if s.speculative else None, depth=s.depth)
+                          predictor=self.predictor if s.speculative else None, depth=s.depth,
+                          adapter=self.policy_adapter)
         t0 = time.monotonic()
         cache_before = (getattr(self.predictor, "lookups", 0), getattr(self.predictor, "hits", 0))
         self.live.start(metrics, len(tasks), label or f"step {step} rollouts")

@@ -53,6 +53,12 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
                              "(train.families)" if t.families else ""))
         policy_path, wm_path = model_paths(recipe, display)
     policy_engine, tokenizer = make_engine(recipe.policy, policy_path, recipe.policy.max_batch_size)
+    if recipe.policy.engine == "hf":
+        model = policy_engine.model  # the engine serves the very model the trainer trains
+    else:  # a server generates: the trainer has its own copy, whose LoRA reaches the server (PolicySync)
+        from obsspec.models.tiny import load_pretrained
+
+        model, _ = load_pretrained(policy_path, device=recipe.policy.device)
     fmt = ChatFormat(tokenizer)
     speculative = t.speculative and recipe.rollout.predictor != "none"
     wm_engine = predictor = None
@@ -72,6 +78,10 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
     by_id = {task.task_id: task for task in train}
     rollouts = Rollouts(by_id, settings, policy_engine, fmt, predictor, out_dir,
                         rank=state.process_index, live=live)
+    if recipe.policy.engine != "hf":
+        from obsspec.training.policy_sync import PolicySync
+
+        rollouts.sync = PolicySync(policy_engine, out_dir, state, rollouts)
     cotrainer = None
     if speculative and t.cotrain_every and state.is_main_process:
         from obsspec.training.cotrain import CoTrainer
@@ -79,7 +89,7 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
         cotrainer = CoTrainer(recipe, wm_path, wm_engine, _inner(predictor), out_dir, display)
         rollouts.before_rollouts.append(cotrainer.before_rollouts)
         rollouts.after_rollouts.append(cotrainer.after_rollouts)
-    return TrainingRun(recipe, out_dir, state, train, val, policy_engine, wm_engine, tokenizer,
+    return TrainingRun(recipe, out_dir, state, train, val, model, policy_engine, wm_engine, tokenizer,
                        rollouts, predictor, cotrainer, display)
 
 
@@ -88,17 +98,13 @@ def _inner(predictor):
 
 
 class TrainingRun:
-    def __init__(self, recipe, out_dir, state, train, val, policy_engine, wm_engine, tokenizer,
+    def __init__(self, recipe, out_dir, state, train, val, model, policy_engine, wm_engine, tokenizer,
                  rollouts, predictor, cotrainer, display):
         self.recipe, self.out_dir, self.state = recipe, out_dir, state
-        self.train, self.val = train, val
+        self.train, self.val, self.model = train, val, model
         self.policy_engine, self.wm_engine, self.tokenizer = policy_engine, wm_engine, tokenizer
         self.rollouts, self.predictor, self.cotrainer, self.display = rollouts, predictor, cotrainer, display
         self.restored_step = 0
-
-    @property
-    def model(self):
-        return self.policy_engine.model  # the engine's model is the one the trainer trains
 
     def trainer(self, args):
         from datasets import Dataset
@@ -109,7 +115,7 @@ class TrainingRun:
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         trainer = GRPOTrainer(model=self.model, reward_funcs=[self.rollouts.reward], args=args,
                               train_dataset=dataset, processing_class=self.tokenizer,
-                              rollout_func=self.rollouts,
+                              rollout_func=self.rollouts, peft_config=self.recipe.train.policy_lora(),
                               callbacks=[MetricsLog(self), StateSaver(self)])
         from transformers import PrinterCallback
 
@@ -158,6 +164,11 @@ class TrainingRun:
         if self.cotrainer is not None:
             self.cotrainer.finish()
 
+    def sync_policy(self, trainer) -> None:
+        """Every process: a policy server gets the final weights (before the val evaluation)."""
+        if self.rollouts.sync is not None:
+            self.rollouts.sync(trainer)
+
     def summary(self, trainer, evals: dict) -> dict:
         rows = _read_metrics(os.path.join(self.out_dir, "metrics.jsonl"))
         rewards = [r.get("reward") for r in rows if r.get("reward") is not None]
@@ -197,6 +208,8 @@ class MetricsLog(TrainerCallback):
                "spec/class_hits": last.class_hits, "rollout_sec": last.sec}
         if self.run.cotrainer is not None:
             row.update(self.run.cotrainer.metrics())
+        if self.run.rollouts.sync is not None:
+            row.update(self.run.rollouts.sync.last)
         with open(os.path.join(self.run.out_dir, "metrics.jsonl"), "a") as f:
             f.write(json.dumps(row, sort_keys=True, default=str) + "\n")
         self.run.display.log(_step_line(row, args.max_steps))

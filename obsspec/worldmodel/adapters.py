@@ -48,8 +48,8 @@ class AdapterVersion:
     name: str  # what an engine loads it as: f"wm-v{version}" (vLLM wants a new name per version)
 
     @classmethod
-    def at(cls, root: str, version: int) -> AdapterVersion:
-        return cls(version, os.path.join(root, f"v{version:06d}"), f"wm-v{version}")
+    def at(cls, root: str, version: int, prefix: str = "wm") -> AdapterVersion:
+        return cls(version, os.path.join(root, f"v{version:06d}"), f"{prefix}-v{version}")
 
     def meta(self) -> dict:
         path = os.path.join(self.path, "version.json")
@@ -75,16 +75,17 @@ def check_adapter_folder(path: str) -> None:
 
 
 class AdapterStore:
-    """The adapter versions under one root folder (e.g. RUN_DIR/world_model/adapters)."""
+    """The adapter versions under one root folder (e.g. RUN_DIR/world_model/adapters); engines
+    load version N as f"{prefix}-vN" ("wm" for world models, "policy" for a policy LoRA)."""
 
-    def __init__(self, root: str):
-        self.root = root
+    def __init__(self, root: str, prefix: str = "wm"):
+        self.root, self.prefix = root, prefix
 
     def versions(self) -> list[AdapterVersion]:
         if not os.path.isdir(self.root):
             return []
         numbers = sorted(int(m.group(1)) for m in map(_VERSION_DIR.match, os.listdir(self.root)) if m)
-        return [AdapterVersion.at(self.root, n) for n in numbers]
+        return [AdapterVersion.at(self.root, n, self.prefix) for n in numbers]
 
     def latest(self) -> AdapterVersion | None:
         pointer = os.path.join(self.root, LATEST)
@@ -92,12 +93,12 @@ class AdapterStore:
             with open(pointer) as f:
                 m = _VERSION_DIR.match(f.read().strip())
             if m and os.path.isdir(os.path.join(self.root, m.group(0))):
-                return AdapterVersion.at(self.root, int(m.group(1)))
+                return AdapterVersion.at(self.root, int(m.group(1)), self.prefix)
         versions = self.versions()  # no pointer yet (or a stale one): the highest number
         return versions[-1] if versions else None
 
     def get(self, version: int) -> AdapterVersion:
-        found = AdapterVersion.at(self.root, version)
+        found = AdapterVersion.at(self.root, version, self.prefix)
         if not os.path.isdir(found.path):
             have = ", ".join(str(v.version) for v in self.versions()) or "none"
             raise AdapterError(f"{self.root}: no adapter version {version} (published: {have})")
@@ -109,7 +110,7 @@ class AdapterStore:
         os.makedirs(self.root, exist_ok=True)
         self._remove_leftovers()
         versions = self.versions()
-        version = AdapterVersion.at(self.root, versions[-1].version + 1 if versions else 1)
+        version = AdapterVersion.at(self.root, versions[-1].version + 1 if versions else 1, self.prefix)
         tmp = tempfile.mkdtemp(prefix=".publishing-", dir=self.root)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a vLLM server may run as another user
         try:

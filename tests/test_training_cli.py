@@ -184,10 +184,12 @@ def _digest(model) -> str:
     return h.hexdigest()
 
 
-def test_rollouts_of_step_k_plus_1_run_on_the_weights_step_k_left(root, tmp_path, monkeypatch):
+@pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "policy-lora"])
+def test_rollouts_of_step_k_plus_1_run_on_the_weights_step_k_left(root, tmp_path, monkeypatch, lora_rank):
     """In process: the weights the engine serves when step k+1's rollouts start are the trainer's
     weights after step k's update (which changed them), and the logprobs the rollouts return are
-    exactly that model's (recomputed with a plain forward pass)."""
+    exactly that model's (recomputed with a plain forward pass). With a policy LoRA too: PEFT
+    puts its layers into the very model the hf engine serves."""
     import torch
 
     from obsspec.config import load_recipe
@@ -224,7 +226,7 @@ def test_rollouts_of_step_k_plus_1_run_on_the_weights_step_k_left(root, tmp_path
     monkeypatch.setattr(R.Rollouts, "reward", alternating)
     monkeypatch.setattr(S.MetricsLog, "on_log", spy_log)
     recipe = load_recipe(common(root)[0], [*common(root)[1:], "train.steps=3", "train.eval_tasks=0",
-                                            "train.cotrain_every=0"])
+                                            "train.cotrain_every=0", f"train.policy_lora_rank={lora_rank}"])
     grpo.run_training(recipe, str(tmp_path / "live"))
     assert sorted(at_rollout) == [1, 2, 3] and sorted(after_step) == [1, 2, 3]
     for k in (1, 2):

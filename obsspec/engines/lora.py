@@ -87,20 +87,27 @@ class LoraAdapters:
                 self.model.load_adapter(path, adapter_name=internal)
         except Exception as e:
             if isinstance(self.model, PeftModel) and internal in self.model.peft_config:
-                self.model.delete_adapter(internal)
+                self._delete(internal)
             self._active = object()
             raise AdapterLoadError(f"adapter {path}: failed to load ({type(e).__name__}: {e})") from None
         old = self._internal.get(name)
         self._internal[name] = internal
         if old is not None:
-            self.model.delete_adapter(old)
+            self._delete(old)
         self._active = object()  # PEFT changed the active adapter: set it before the next pass
 
     def unload(self, name: str) -> None:
         if name not in self._internal:
             raise KeyError(f"no adapter named {name!r} is loaded")
-        self.model.delete_adapter(self._internal.pop(name))
+        self._delete(self._internal.pop(name))
         self._active = object()
+
+    def _delete(self, internal: str) -> None:
+        import warnings
+
+        with warnings.catch_warnings():  # PEFT warns when the active adapter goes; `use` sets the next
+            warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
+            self.model.delete_adapter(internal)
 
     def use(self, name: str | None) -> None:
         """Make the next forward pass compute with adapter `name` (None: the base model)."""

@@ -70,6 +70,49 @@ def test_cancelled_work_is_wasted_exactly():
     assert e.next_completion() == float("inf")
 
 
+def test_a_speculative_prefill_runs_alone_to_its_end_and_delays_committed_work():
+    # hf engine: a prefill is one uninterrupted forward pass; a committed request arriving during
+    # a speculative one waits for it, then is prefilled itself, then decodes with the speculation
+    # paused (100 tok/s decode, 1,000 prompt tok/s prefill)
+    e = FluidEngine(EngineSpec(single_tok_s=100, peak_tok_s=100, spec_priority="low", prefill_tok_s=1000))
+    e.submit(100, 1, prompt_tokens=500, name="spec")
+    e.advance(0.1)
+    e.submit(100, 0, prompt_tokens=100, name="committed")
+    assert drain(e) == pytest.approx({"committed": 0.5 + 0.1 + 1.0, "spec": 2.6})
+    assert e.prefill_sec == pytest.approx(0.6) and e.busy_sec == pytest.approx(2.6)
+    # without prefill the committed request would pass the speculative one at once
+    free = FluidEngine(EngineSpec(single_tok_s=100, peak_tok_s=100, spec_priority="low"))
+    free.submit(100, 1, name="spec")
+    free.advance(0.1)
+    free.submit(100, 0, name="committed")
+    assert drain(free) == pytest.approx({"committed": 1.1, "spec": 2.0})
+
+
+def test_speculation_is_not_admitted_while_committed_work_runs_or_waits():
+    e = FluidEngine(EngineSpec(single_tok_s=100, peak_tok_s=100, spec_priority="low", prefill_tok_s=1000))
+    c = e.submit(100, 0, prompt_tokens=100, name="committed")
+    s = e.submit(100, 1, prompt_tokens=100, name="spec")
+    assert c.admitted and not s.admitted and e.prefills == {0: 1, 1: 0}
+    # promoted, it is committed work in its place in line: admitted in the next round
+    e.promote(s)
+    e.advance(e.next_completion(), finish_one=True)  # the first prefill ends: the next round begins
+    assert s.admitted and e.prefills == {0: 2, 1: 0}
+    assert drain(e) == pytest.approx({"committed": 0.2 + 2.0, "spec": 0.2 + 2.0})
+
+
+def test_a_request_cancelled_in_its_admission_round_is_still_prefilled():
+    e = FluidEngine(EngineSpec(single_tok_s=100, peak_tok_s=100, spec_priority="low", prefill_tok_s=1000))
+    a = e.submit(10, 1, prompt_tokens=500)
+    b = e.submit(10, 1, prompt_tokens=500)   # waits: a round is running
+    e.advance(0.5, finish_one=True)           # a prefilled; b's round begins
+    e.advance(0.6)
+    assert b.admitted
+    e.cancel(b)
+    e.cancel(a)
+    assert e.next_completion() == pytest.approx(1.0)  # b's prefill still runs
+    assert drain(e) == {} and e.busy_sec == pytest.approx(1.0) and e.next_completion() == float("inf")
+
+
 # -- episodes against closed forms --------------------------------------------------------------------
 
 def episode(tools, hits, tokens=50.0, wm=0.01, last="done"):

@@ -116,6 +116,7 @@ def workload_shape(trajs, keep: set[int]) -> dict:
     n = max(1, len(keep))
     return {"episodes": len(keep), "turns_per_episode": {k: v / n for k, v in sorted(kinds.items())},
             "action_tokens_mean": statistics.fmean(actions) if actions else 0.0,
+            "action_tokens_log_sd": statistics.pstdev(math.log(n) for n in actions) if actions else 0.0,
             "prompt_tokens_mean": statistics.fmean(prompts) if prompts else 0.0,
             "prompt_tokens_first": statistics.fmean(t.prompt_len for t in trajs if t.episode in keep) if keep else 0.0}
 

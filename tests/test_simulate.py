@@ -126,6 +126,24 @@ def test_sequential_latency_is_generation_plus_tool():
     assert r.episodes[0].latency == pytest.approx(4 * 0.5 + 3.5)
 
 
+def test_the_gap_between_episodes_is_outside_every_latency():
+    c = cfg(engine=NO_CONTENTION, workload={"concurrency": 1, "episode_gap_s": 1.0})
+    wl = [episode([1.0], [True]), episode([2.0], [True])]
+    r = simulate_batch(c, wl, speculative=False)
+    assert [e.latency for e in r.episodes] == pytest.approx([2.0, 3.0])
+    assert r.episodes[1].start == pytest.approx(3.0) and r.makespan == pytest.approx(6.0)
+
+
+def test_prompts_grow_with_the_history_and_are_prefilled_before_each_action():
+    c = cfg(engine={"single_tok_s": 100.0, "peak_tok_s": 100.0, "prefill_tok_s": 1000.0},
+            workload={"episodes": 1, "turns": 3, "done_frac": 0.0, "action_tokens": 50.0, "action_spread": 0.0,
+                      "prompt_tokens": 100.0}, world_model={"obs_tokens": 150.0}, tool={"kind": "fixed", "median_s": 1.0})
+    wl = synthetic(c)
+    assert [t.prompt_tokens for t in wl[0]] == pytest.approx([100.0, 300.0, 500.0])
+    r = simulate_batch(c, wl, speculative=False)
+    assert r.episodes[0].latency == pytest.approx(3 * 0.5 + 0.9 + 3 * 1.0)  # decode, prefill, tools
+
+
 def test_every_hit_hides_every_generation_behind_a_long_tool():
     c = cfg(engine=NO_CONTENTION)
     wl = [episode([1.0, 2.0, 0.8], [True] * 3)]

@@ -126,13 +126,16 @@ class WorkloadSpec:
     prompt_tokens: float = doc(0.0, "Tokens of an episode's first prompt; each turn's prompt adds the "
                                     "actions and observations (world_model.obs_tokens) before it. Only "
                                     "prefill (engine.prefill_tok_s) reads it.")
+    episode_gap_s: float = doc(0.0, "Seconds between an episode's end and the next one's start at "
+                                    "limited concurrency (verifier, sandbox teardown and set-up: not "
+                                    "part of any episode's latency, and the engine has one episode fewer).")
     seed: int = doc(0, "Seed of latencies, lengths and hits.")
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.turns < 1 or self.concurrency < 0 or self.action_tokens < 1:
             raise SimError("workload.episodes, turns and action_tokens must be >= 1, concurrency >= 0")
-        if self.prompt_tokens < 0:
-            raise SimError("workload.prompt_tokens must be >= 0")
+        if self.prompt_tokens < 0 or self.episode_gap_s < 0:
+            raise SimError("workload.prompt_tokens and workload.episode_gap_s must be >= 0")
         if not 0.0 <= self.done_frac <= 1.0:
             raise SimError("workload.done_frac must be in [0, 1]")
 

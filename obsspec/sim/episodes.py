@@ -146,7 +146,12 @@ class _Batch:
         r.latency = self.now - r.start
         self.finished.add(e)
         if self.waiting:
-            self._start(self.waiting.pop(0))
+            # the next episode's start-up (and this one's verification) outside its latency
+            gap = self.cfg.workload.episode_gap_s
+            if gap > 0:
+                self.at(self.now + gap, self._start, self.waiting.pop(0))
+            else:
+                self._start(self.waiting.pop(0))
 
     def _count(self, e: int, outcome: str) -> None:
         o = self.results[e].outcomes

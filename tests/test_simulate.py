@@ -100,17 +100,33 @@ def test_speculation_is_not_admitted_while_committed_work_runs_or_waits():
     assert drain(e) == pytest.approx({"committed": 0.2 + 2.0, "spec": 0.2 + 2.0})
 
 
+def test_committed_work_waiting_holds_speculation_back_at_the_next_round():
+    # a round ends with a speculative and a committed request in line (the speculative one first):
+    # the hf engine admits the committed one alone; the speculative one waits
+    e = FluidEngine(EngineSpec(single_tok_s=100, peak_tok_s=100, spec_priority="low", prefill_tok_s=1000))
+    e.submit(10, 1, prompt_tokens=500, name="first")
+    s = e.submit(10, 1, prompt_tokens=100, name="spec")
+    c = e.submit(10, 0, prompt_tokens=100, name="committed")
+    e.advance(0.5, finish_one=True)
+    assert c.admitted and not s.admitted
+    assert drain(e)["committed"] == pytest.approx(0.5 + 0.1 + 0.1)
+
+
 def test_a_request_cancelled_in_its_admission_round_is_still_prefilled():
     e = FluidEngine(EngineSpec(single_tok_s=100, peak_tok_s=100, spec_priority="low", prefill_tok_s=1000))
-    a = e.submit(10, 1, prompt_tokens=500)
-    b = e.submit(10, 1, prompt_tokens=500)   # waits: a round is running
-    e.advance(0.5, finish_one=True)           # a prefilled; b's round begins
+    e.submit(10, 1, prompt_tokens=500)
+    a = e.submit(10, 1, prompt_tokens=500)   # both wait for the first round
+    b = e.submit(10, 1, prompt_tokens=500)
+    e.advance(0.5, finish_one=True)          # the second round begins: a, then b
     e.advance(0.6)
-    assert b.admitted
-    e.cancel(b)
+    assert a.admitted and b.admitted
+    e.cancel(b)                               # its prefill has not begun, yet it is run
     e.cancel(a)
-    assert e.next_completion() == pytest.approx(1.0)  # b's prefill still runs
-    assert drain(e) == {} and e.busy_sec == pytest.approx(1.0) and e.next_completion() == float("inf")
+    assert e.next_completion() == pytest.approx(1.0)
+    e.advance(1.0, finish_one=True)
+    assert e.next_completion() == pytest.approx(1.5)
+    e.advance(1.5, finish_one=True)
+    assert e.prefill_sec == pytest.approx(1.5) and e.wasted_tokens == 0.0
 
 
 # -- episodes against closed forms --------------------------------------------------------------------
@@ -208,12 +224,18 @@ def test_simulated_reductions_match_the_measured_benchmark_where_docs_say_so():
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import sim_validation
 
-    rows = {(r["source"], r["latency_median_s"], r["predictor"]): r for r in sim_validation.validate(0.0)}
+    # 2 workload draws instead of the docs' 6 (seconds, not a minute): each of these is within
+    # 20 % by a margin larger than what the draws move
+    rows = {(r["source"], r["latency_median_s"], r["predictor"]): r for r in sim_validation.validate(True, seeds=2)}
     for key in [("rollout_speedup.json", 1.0, "oracle"), ("rollout_speedup.json", 3.0, "oracle"),
-                ("rollout_speedup_c2.json", 0.3, "oracle"), ("rollout_speedup_depth2.json", 1.0, "oracle")]:
+                ("rollout_speedup_depth2.json", 1.0, "oracle"),
+                ("rollout_speedup.json", 0.3, "oracle"), ("rollout_speedup_sat_c4.json", 0.3, "oracle")]:
         assert rows[key]["within_20pct"], rows[key]
-    for key in [("rollout_speedup.json", 0.3, "oracle"), ("rollout_speedup_c32.json", 1.0, "oracle")]:
-        assert rows[key]["inside_measured_ci"], rows[key]  # saturated: only within the noise
+    for key in [("rollout_speedup_c32.json", 1.0, "oracle"), ("rollout_speedup_sat_c32.json", 1.0, "oracle")]:
+        assert rows[key]["inside_measured_ci"], rows[key]  # all 32 at once: both ~0, only within the noise
+    # the engine's counters: speculative prefills of a never-matching run at 0.3 s, 4 at once
+    nm = rows[("rollout_speedup_sat_c4.json", 0.3, "never_matches")]
+    assert nm["spec_prefills_simulated"] == pytest.approx(nm["spec_prefills_measured"], rel=0.15), nm
 
 
 # -- inputs ---------------------------------------------------------------------------------------------

@@ -302,6 +302,8 @@ def test_from_a_recorded_run(tmp_path):
     with open(os.path.join(run, "trajectories-sequential.jsonl")) as f:
         first = json.loads(f.readline())
     assert sum(t.action_tokens for t in wl[0]) == sum(first["policy_mask"])
+    assert wl[0][0].prompt_tokens == first["policy_mask"].index(1)  # the prompt each action was generated on
+    assert [t.prompt_tokens for t in wl[0]] == sorted(t.prompt_tokens for t in wl[0])
     assert [t.tool_s for t in wl[0] if t.kind == "bash"] == [t["tool_sec"] for t in first["turns"] if t["kind"] == "bash"]
     # the scripted engine sleeps per token; on a loaded machine the fit may still see contention,
     # so pin the engine to none for the closed form below

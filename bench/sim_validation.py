@@ -43,7 +43,8 @@ from obsspec.sim.workload import synthetic
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = {"rollout_speedup.json": {}, "rollout_speedup_c2.json": {}, "rollout_speedup_c32.json": {},
            "rollout_speedup_depth2.json": {"depth": 2},
-           "rollout_speedup_sat_c4.json": {}, "rollout_speedup_sat_c32.json": {}}
+           "rollout_speedup_sat_c4.json": {}, "rollout_speedup_sat_c32.json": {},
+           "rollout_speedup_c2_t1.json": {}}
 HIT = {"oracle": 1.0, "never_matches": 0.0}
 MAX_TURNS = 4
 # Log-normal spread of action lengths: the tiny kit's policy in its own 32 rollouts on train tasks

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/rollout_speedup.py [--recipe recipes/tiny-cpu.yaml] [--episodes 32]
         [--latencies 0.3,1,3] [--predictors world_model,history,oracle] [--reps 3] [--warmup 1]
+        [--threads 0]
         [--plot out.png] [--out result.json] [key=value ...]
 
 For each EMULATED tool latency median (log-normal, on top of the real sandbox time) and each
@@ -28,6 +29,7 @@ import asyncio
 import json
 import math
 import statistics
+import sys
 import time
 from collections import defaultdict
 
@@ -89,6 +91,36 @@ def first_turn_gen(t: Timings, keep: set[int]) -> float:
     return statistics.fmean(xs) if xs else 0.0
 
 
+def engine_counts(engine) -> dict:
+    """The policy engine's counters (hf engine; empty for an engine without them)."""
+    stats = getattr(engine, "stats", None)
+    return {k: getattr(stats, k) for k in ("prefills", "prefill_tokens", "prefill_sec",
+                                                 "decode_steps", "decode_sec", "tokens")} if stats else {}
+
+
+def workload_shape(trajs, keep: set[int]) -> dict:
+    """What the simulator needs to know of the episodes (one sequential run): turns by kind, the
+    tokens of each action and the prompt it was generated on."""
+    prompts, actions, kinds = [], [], defaultdict(int)
+    for t in trajs:
+        if t.episode not in keep:
+            continue
+        for i, m in enumerate(t.policy_mask):
+            if m and (i == 0 or not t.policy_mask[i - 1]):
+                prompts.append(i)
+                actions.append(0)
+            if m:
+                actions[-1] += 1
+        for turn in t.turns:
+            kinds[turn.kind] += 1
+    n = max(1, len(keep))
+    return {"episodes": len(keep), "turns_per_episode": {k: v / n for k, v in sorted(kinds.items())},
+            "action_tokens_mean": statistics.fmean(actions) if actions else 0.0,
+            "action_tokens_log_sd": statistics.pstdev(math.log(n) for n in actions) if actions else 0.0,
+            "prompt_tokens_mean": statistics.fmean(prompts) if prompts else 0.0,
+            "prompt_tokens_first": statistics.fmean(t.prompt_len for t in trajs if t.episode in keep) if keep else 0.0}
+
+
 def mean_ci(xs: list[float]) -> dict:
     m = statistics.fmean(xs)
     half = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
@@ -129,9 +161,11 @@ class Bench:
         bus.subscribe(timings)
         sched = Scheduler(self.policy, self.fmt, bus, self.sampling, cap=recipe.sandbox.output_cap,
                           predictor=predictor, depth=recipe.rollout.depth)
+        before = engine_counts(self.policy)
         trajs = await sched.run_batch(self.episodes, tool_factory(recipe, None), predictor is not None,
                                       concurrency=recipe.rollout.concurrency)
-        return trajs, metrics, timings
+        after = engine_counts(self.policy)
+        return trajs, metrics, timings, {k: after[k] - before[k] for k in after}
 
     def predictor(self, name: str, recorded):
         kind = "oracle" if name == "never_matches" else name
@@ -152,7 +186,7 @@ class Bench:
                  "reduction": aa["mean_latency_reduction"] or 0.0,
                  "identical": aa["episodes_compared_for_latency"],
                  "G0_seq": first_turn_gen(seq_a[2], all_eps), "G0_spec": first_turn_gen(seq_b[2], all_eps)}]
-        for name, (trajs, m, timings) in specs.items():
+        for name, (trajs, m, timings, _) in specs.items():
             ca, cb = compare(seq_a[0], trajs), compare(seq_b[0], trajs)
             differing = set(ca["episodes_differing"]) | set(cb["episodes_differing"]) | set(aa["episodes_differing"])
             keep = {t.episode for t in trajs if not t.infra_error} - differing
@@ -170,7 +204,12 @@ class Bench:
                          # much the engine's load changed (hidden work also relieves it).
                          "G0_seq": first_turn_gen(seq_a[2], keep), "G0_spec": first_turn_gen(timings, keep),
                          "exact_frac": summary["spec/exact_frac"], "exec_won_frac": summary["spec/exec_won_frac"],
-                         "policy_tokens_discarded": summary["spec/policy_tokens_discarded"]})
+                         "policy_tokens_discarded": summary["spec/policy_tokens_discarded"],
+                         # for the simulator: what the episodes were, and what the engine computed
+                         "latency_mean_seq_s": base / len(keep) if keep else 0.0,
+                         "latency_mean_spec_s": spec / len(keep) if keep else 0.0,
+                         "shape": workload_shape(seq_a[0], keep),
+                         "engine_seq": seq_a[3], "engine_spec": specs[name][3], "engine_seq_b": seq_b[3]})
         return rows
 
 
@@ -194,6 +233,10 @@ def aggregate(rows: list[dict]) -> list[dict]:
 
 
 async def main_async(args) -> dict:
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)  # 1: no intra-op threads fighting over 2 shared cores
     bench = Bench(args)
     await bench.setup()
     names = [*args.predictors, "never_matches"]
@@ -212,7 +255,8 @@ async def main_async(args) -> dict:
         bench.close()
     return {"summary": aggregate(rows), "rows": rows, "episodes": len(bench.episodes),
             "concurrency": bench.base.rollout.concurrency or len(bench.episodes),
-            "batch_invariant": bench.base.policy.batch_invariant, "wall_sec": time.monotonic() - t0,
+            "batch_invariant": bench.base.policy.batch_invariant, "torch_threads": args.threads or "default",
+            "argv": sys.argv[1:], "wall_sec": time.monotonic() - t0,
             "recipe": args.recipe, "overrides": args.overrides}
 
 
@@ -272,6 +316,7 @@ def main() -> None:
     ap.add_argument("--predictors", default="world_model,history,oracle")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1, help="discarded passes before measuring")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--plot", default="")
     ap.add_argument("--out", default="", help="also write the result JSON here")
     ap.add_argument("--from-json", default="", help="only re-print (and --plot) a saved --out result")

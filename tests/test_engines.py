@@ -202,6 +202,9 @@ def test_batch_invariant_mode_is_bit_identical(model, temperature):
     solo = run(alone())
     together, stats = run(crowded())
     assert stats.finished == 8 and stats.decode_steps > 40
+    # the counters bench/rollout_speedup.py records (prefill alone vs decode forward time)
+    assert stats.prefills == 8 and stats.prefill_tokens == len(target.prompt_ids) + sum(len(r.prompt_ids) for r in others)
+    assert stats.prefill_sec > 0 and stats.decode_sec > 0
     assert together.token_ids == solo.token_ids, "batch invariance broken: tokens differ"
     assert together.logprobs == solo.logprobs, "batch invariance broken: logprobs not bit-equal"
 

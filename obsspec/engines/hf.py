@@ -42,7 +42,10 @@ class EngineStats:
     """Counters of the worker; read them for tests and benchmarks (not thread-synchronised)."""
 
     prefills: int = 0
+    prefill_tokens: int = 0  # prompt tokens prefilled
+    prefill_sec: float = 0.0  # time in prefill forward passes (which run alone)
     decode_steps: int = 0  # decode forward passes
+    decode_sec: float = 0.0  # time in decode forward passes
     largest_batch: int = 0  # most requests decoded by one forward pass
     tokens: int = 0
     finished: int = 0
@@ -332,8 +335,11 @@ class HFEngine:
         self.adapters.use(request.adapter)
         cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([request.prompt_ids], device=self.device)
+        t0 = time.perf_counter()
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self.stats.prefill_sec += time.perf_counter() - t0
         self.stats.prefills += 1
+        self.stats.prefill_tokens += len(request.prompt_ids)
         r.position = len(request.prompt_ids)
         return out.logits[0, -1], cache
 
@@ -359,7 +365,9 @@ class HFEngine:
                 continue  # low-priority work waits while normal work runs
             try:
                 self.adapters.use(batch.adapter)
+                t0 = time.perf_counter()
                 logits = batch.forward(self.model)
+                self.stats.decode_sec += time.perf_counter() - t0
             except Exception as exc:  # the shared forward pass failed: fail all its requests
                 for r in batch.rows:
                     self._fail(r, exc)

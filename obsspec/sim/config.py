@@ -48,6 +48,10 @@ class EngineSpec:
     max_batch: int = doc(256, "Requests decoded at once; the rest wait in line.")
     spec_priority: str = doc("equal", "low: speculative requests run only when no committed request "
                                     "does (obsspec's hf engine); equal: they share the batch (vLLM FCFS).")
+    prefill_tok_s: float = doc(0.0, "Prompt tokens/s of a prefill that runs alone and uninterrupted "
+                                    "on admission, as obsspec's hf engine prefills (0 = free: its cost "
+                                    "folded into the decode speed, as for vLLM's chunked prefill).")
+    prefill_overhead_s: float = doc(0.0, "Fixed seconds of each such prefill.")
 
     def __post_init__(self) -> None:
         if self.single_tok_s <= 0 or self.peak_tok_s < self.single_tok_s:
@@ -57,6 +61,13 @@ class EngineSpec:
             raise SimError("engine.max_batch must be >= 1")
         if self.spec_priority not in ("low", "equal"):
             raise SimError("engine.spec_priority must be low or equal")
+        if self.prefill_tok_s < 0 or self.prefill_overhead_s < 0:
+            raise SimError("engine.prefill_tok_s and engine.prefill_overhead_s must be >= 0")
+
+    def prefill_sec(self, prompt_tokens: float) -> float:
+        if self.prefill_tok_s <= 0:
+            return 0.0
+        return self.prefill_overhead_s + prompt_tokens / self.prefill_tok_s
 
     def step_sec(self, n: int) -> float:
         t1 = 1.0 / self.peak_tok_s
@@ -112,11 +123,19 @@ class WorkloadSpec:
                                 "bash call at the turn limit.")
     action_tokens: float = doc(200.0, "Mean tokens per policy action.")
     action_spread: float = doc(0.5, "Log-normal spread of action lengths (0 = all equal).")
+    prompt_tokens: float = doc(0.0, "Tokens of an episode's first prompt; each turn's prompt adds the "
+                                    "actions and observations (world_model.obs_tokens) before it. Only "
+                                    "prefill (engine.prefill_tok_s) reads it.")
+    episode_gap_s: float = doc(0.0, "Seconds between an episode's end and the next one's start at "
+                                    "limited concurrency (verifier, sandbox teardown and set-up: not "
+                                    "part of any episode's latency, and the engine has one episode fewer).")
     seed: int = doc(0, "Seed of latencies, lengths and hits.")
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.turns < 1 or self.concurrency < 0 or self.action_tokens < 1:
             raise SimError("workload.episodes, turns and action_tokens must be >= 1, concurrency >= 0")
+        if self.prompt_tokens < 0 or self.episode_gap_s < 0:
+            raise SimError("workload.prompt_tokens and workload.episode_gap_s must be >= 0")
         if not 0.0 <= self.done_frac <= 1.0:
             raise SimError("workload.done_frac must be in [0, 1]")
 

@@ -1,11 +1,24 @@
 """A fluid model of a continuous-batching policy engine shared by every episode.
 
-Between two events every running request advances at the same rate, one token per decode step of
+A request waits in line, is admitted (its prompt prefilled), then decodes. Between two events
+every decoding request advances at the same rate, one token per decode step of
 `EngineSpec.step_sec(n)` seconds, n being the requests decoding in that step. The simulation asks
 `next_completion()`, advances time with `advance(t)`, and submits, promotes and cancels requests
-as episodes do. Low-priority (speculative) requests decode only while no committed request runs,
-as obsspec's hf engine serves them; with `spec_priority=equal` they share the batch.
-Tokens are fractional: a cancelled request has wasted exactly the work done on it.
+as episodes do. Tokens are fractional: a cancelled request has wasted exactly the work done on it.
+
+Priority follows obsspec's hf engine (obsspec/engines/hf.py, `_admit` and `_decode`) with
+`spec_priority=low`: a speculative request is admitted only while no committed request runs or
+waits, and once admitted it decodes only while no committed request decodes; promotion makes it
+committed work in its place in line. With `spec_priority=equal` (vLLM FCFS) all requests share.
+
+Prefill (`EngineSpec.prefill_tok_s` > 0) is the hf engine's: each admitted request's prompt is
+prefilled alone, in one forward pass that nothing interrupts, while every other request waits.
+Admission goes in rounds, as the engine's worker loop does: a round prefills every request that
+was admissible when it began, one after the other, and a request that arrives meanwhile (committed
+or not) waits for the round to end. So a speculative prefill begun in idle time delays committed
+work that arrives during it, and a request cancelled during its round is still prefilled.
+With `prefill_tok_s=0` prefill is free (its cost folded into the decode speed), as for vLLM's
+chunked prefill, which shares the batch.
 """
 
 from __future__ import annotations
@@ -23,6 +36,8 @@ class Request:
     on_done: object = None        # called with no arguments when it finishes
     done_tokens: float = 0.0
     seq: int = 0
+    prompt_tokens: float = 0.0    # prefilled on admission
+    admitted: bool = False        # prefilled (or being prefilled): holds a place in the batch
     finished_at: float | None = None
     cancelled: bool = False
     meta: dict = field(default_factory=dict)
@@ -36,24 +51,65 @@ class FluidEngine:
     def __init__(self, spec: EngineSpec):
         self.spec = spec
         self.now = 0.0
-        self.requests: list[Request] = []
+        self.waiting: list[Request] = []    # in line, by arrival
+        self.decoding: list[Request] = []   # admitted and prefilled
+        self.round: list[Request] = []      # admitted in this round, prefill still to come
+        self.prefill_left = 0.0             # seconds left of round[0]'s prefill
         self._seq = itertools.count()
-        self.busy_sec = 0.0                 # time with at least one request decoding
-        self.tokens = {0: 0.0, 1: 0.0}      # tokens computed, by the priority they had
+        self.busy_sec = 0.0                 # time with a prefill or at least one request decoding
+        self.prefill_sec = 0.0
+        self.prefills = {0: 0, 1: 0}        # requests admitted, by the priority they had then
+        self.tokens = {0: 0.0, 1: 0.0}      # tokens decoded, by the priority they had
         self.wasted_tokens = 0.0
 
+    @property
+    def requests(self) -> list[Request]:
+        """Every live request: waiting, being prefilled, or decoding."""
+        return [*self.waiting, *(r for r in self.round if not r.cancelled), *self.decoding]
+
     # -- what runs ----------------------------------------------------------------------------
+    def _urgent(self) -> bool:
+        """Committed work running or waiting: then speculative work is not admitted."""
+        return any(r.priority == 0 for r in self.requests)
+
+    def _admit(self) -> None:
+        """Start an admission round if none runs: every request admissible now, in line order."""
+        if self.round:
+            return
+        held_back = self.spec.spec_priority == "low" and self._urgent()
+        room = self.spec.max_batch - len(self.decoding)
+        for r in list(self.waiting):
+            if room <= 0:
+                break
+            if held_back and r.priority > 0:
+                continue
+            self.waiting.remove(r)
+            r.admitted = True
+            self.prefills[r.priority] += 1
+            room -= 1
+            if self.spec.prefill_tok_s > 0:
+                self.round.append(r)
+            else:
+                self.decoding.append(r)
+        if self.round:
+            self.prefill_left = self.spec.prefill_sec(self.round[0].prompt_tokens)
+
     def _running(self) -> list[Request]:
-        live = sorted(self.requests, key=lambda r: (r.priority, r.seq))[: self.spec.max_batch]
-        if self.spec.spec_priority == "low" and any(r.priority == 0 for r in live):
-            return [r for r in live if r.priority == 0]
-        return live
+        """The requests decoding now (none while a prefill runs)."""
+        if self.round:
+            return []
+        if self.spec.spec_priority == "low" and any(r.priority == 0 for r in self.decoding):
+            return [r for r in self.decoding if r.priority == 0]
+        return self.decoding
 
     def rate(self, running: list[Request]) -> float:
         """Tokens per second of each running request."""
         return 1.0 / self.spec.step_sec(len(running)) if running else 0.0
 
     def next_completion(self) -> float:
+        """When the next prefill or request finishes (inf: nothing runs)."""
+        if self.round:
+            return self.now + self.prefill_left
         running = self._running()
         if not running:
             return float("inf")
@@ -61,9 +117,18 @@ class FluidEngine:
 
     def advance(self, t: float, finish_one: bool = False) -> list[Request]:
         """Move time to `t` (no later than next_completion()); return the requests finished.
-        `finish_one`: `t` is next_completion(), so the nearest request finishes even if rounding
-        left a sliver of it (else the loop could stand still)."""
+        `finish_one`: `t` is next_completion(), so the nearest prefill or request finishes even
+        if rounding left a sliver of it (else the loop could stand still)."""
         dt = t - self.now
+        self.now = max(self.now, t)
+        if self.round:
+            if dt > 0:
+                self.prefill_left -= dt
+                self.busy_sec += dt
+                self.prefill_sec += dt
+            if finish_one or self.prefill_left <= 1e-12:
+                self._end_prefill()
+            return []
         running = self._running()
         if dt > 0 and running:
             step = dt * self.rate(running)
@@ -71,33 +136,51 @@ class FluidEngine:
                 r.done_tokens = min(r.tokens, r.done_tokens + step)
                 self.tokens[r.priority] += step
             self.busy_sec += dt
-        self.now = max(self.now, t)
         if finish_one and running:
             first = min(running, key=lambda r: r.left)
             first.done_tokens = first.tokens
         done = [r for r in running if r.left <= 1e-9 * max(1.0, r.tokens)]
         for r in done:
             r.finished_at = self.now
-            self.requests.remove(r)
+            self.decoding.remove(r)
+        if done:
+            self._admit()
         return done
 
+    def _end_prefill(self) -> None:
+        r = self.round.pop(0)
+        if not r.cancelled:
+            self.decoding.append(r)
+        if self.round:
+            self.prefill_left = self.spec.prefill_sec(self.round[0].prompt_tokens)
+        else:
+            self.prefill_left = 0.0
+            self._admit()
+
     # -- what episodes do ---------------------------------------------------------------------
-    def submit(self, tokens: float, priority: int, on_done=None, **meta) -> Request:
-        r = Request(max(tokens, 1e-6), priority, on_done, seq=next(self._seq), meta=meta)
-        self.requests.append(r)
+    def submit(self, tokens: float, priority: int, on_done=None, prompt_tokens: float = 0.0, **meta) -> Request:
+        r = Request(max(tokens, 1e-6), priority, on_done, seq=next(self._seq), prompt_tokens=prompt_tokens,
+                    meta=meta)
+        self.waiting.append(r)
+        self._admit()
         return r
 
     def promote(self, r: Request) -> None:
         """A speculation that matched: committed work from now on (keeps its place in line)."""
         r.priority = 0
+        self._admit()
 
     def cancel(self, r: Request) -> float:
-        """Stop computing `r`; returns the tokens thrown away."""
+        """Stop computing `r`; returns the tokens thrown away. A request admitted in the current
+        round is prefilled all the same (the hf engine drops cancelled requests only between
+        rounds)."""
         if r.cancelled:
             return 0.0
         r.cancelled = True
-        if r in self.requests:
-            self.requests.remove(r)
+        for line in (self.waiting, self.decoding):
+            if r in line:
+                line.remove(r)
         wasted = r.done_tokens
         self.wasted_tokens += wasted
+        self._admit()
         return wasted

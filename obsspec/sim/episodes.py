@@ -32,6 +32,7 @@ class SimTurn:
     wm_s: float = 0.0          # inf: the prediction never arrives before the tool
     hit: bool = False          # the greedy draft equals the real observation
     cls: str = "other"         # command class (first word of the command)
+    prompt_tokens: float = 0.0  # the history this turn's action is generated on (prefill)
 
 
 @dataclass
@@ -73,6 +74,7 @@ class BatchResult:
     spec_tokens: float
     engine_busy_sec: float
     makespan: float
+    spec_admitted: int = 0           # speculative requests admitted (prefilled) while speculative
 
     @property
     def total_latency(self) -> float:
@@ -126,7 +128,8 @@ class _Batch:
                 fn(*args)
         if len(self.finished) != len(self.workload):
             raise RuntimeError("simulation stalled with episodes unfinished (a bug of the simulator)")
-        return BatchResult(self.results, eng.wasted_tokens, eng.tokens[0], eng.tokens[1], eng.busy_sec, eng.now)
+        return BatchResult(self.results, eng.wasted_tokens, eng.tokens[0], eng.tokens[1], eng.busy_sec, eng.now,
+                           eng.prefills[1])
 
     @property
     def now(self) -> float:
@@ -143,7 +146,12 @@ class _Batch:
         r.latency = self.now - r.start
         self.finished.add(e)
         if self.waiting:
-            self._start(self.waiting.pop(0))
+            # the next episode's start-up (and this one's verification) outside its latency
+            gap = self.cfg.workload.episode_gap_s
+            if gap > 0:
+                self.at(self.now + gap, self._start, self.waiting.pop(0))
+            else:
+                self._start(self.waiting.pop(0))
 
     def _count(self, e: int, outcome: str) -> None:
         o = self.results[e].outcomes
@@ -157,7 +165,8 @@ class _Batch:
             self.results[e].wait_policy_sec += self.now - t0
             self._action(e, k, None)
 
-        self.engine.submit(self.workload[e][k].action_tokens, 0, done)
+        turn = self.workload[e][k]
+        self.engine.submit(turn.action_tokens, 0, done, prompt_tokens=turn.prompt_tokens)
 
     def _action(self, e: int, k: int, carried: _Branch | None) -> None:
         """Turn k's action exists (generated, or a speculation that matched)."""
@@ -190,8 +199,9 @@ class _Batch:
         for j in range(self.cfg.spec.breadth):
             spec = _Spec(correct=hit and j == 0)
             if b.turn + 1 < len(turns):
-                spec.request = self.engine.submit(turns[b.turn + 1].action_tokens, 1,
-                                                  lambda s=spec: self._spec_done(e, b, s))
+                nxt = turns[b.turn + 1]
+                spec.request = self.engine.submit(nxt.action_tokens, 1, lambda s=spec: self._spec_done(e, b, s),
+                                                  prompt_tokens=nxt.prompt_tokens)
             b.specs.append(spec)
 
     def _spec_done(self, e: int, b: _Branch, spec: _Spec) -> None:

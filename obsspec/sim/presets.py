@@ -25,13 +25,15 @@ PRESETS: dict[str, tuple[str, list[str]]] = {
                  ["engine.single_tok_s=45", "engine.peak_tok_s=1500", "engine.max_batch=128",
                   "engine.spec_priority=equal", *_BATCH, *_WM]),
     "cpu-tiny": ("the tiny kit on 2 CPU cores as bench/rollout_speedup.py runs it: hf engine in "
-                 "batch-invariant mode (processor sharing, ~200 tok/s), low-priority speculation, "
-                 "32 episodes, 4 at once, 4 bash turns of ~30 tokens, 1 s emulated tools",
+                 "batch-invariant mode (processor sharing, ~200 tok/s decode, each prompt prefilled "
+                 "alone at ~70x that), low-priority speculation, 32 episodes, 4 at once, 4 turns of "
+                 "~23 tokens on ~340-token prompts growing by ~90-token observations, 1 s emulated tools",
                  ["engine.single_tok_s=200", "engine.peak_tok_s=200", "engine.max_batch=32",
-                  "engine.spec_priority=low", "workload.episodes=32", "workload.concurrency=4",
-                  "workload.turns=4", "workload.done_frac=0", "workload.action_tokens=30",
-                  "workload.action_spread=0.3", "tool.median_s=1", "tool.overhead_s=0.05",
-                  "world_model.overhead_s=0.001", "world_model.obs_tokens=0", "spec.hit_rate=1"]),
+                  "engine.spec_priority=low", "engine.prefill_tok_s=14000", "workload.episodes=32",
+                  "workload.concurrency=4", "workload.turns=4", "workload.done_frac=0.65",
+                  "workload.action_tokens=23", "workload.action_spread=0.48", "workload.prompt_tokens=340",
+                  "tool.median_s=1", "tool.overhead_s=0.05", "world_model.overhead_s=0.001",
+                  "world_model.obs_tokens=90", "world_model.tok_s=1e9", "spec.hit_rate=1"]),
 }
 
 

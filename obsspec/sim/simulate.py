@@ -50,6 +50,8 @@ def run_point(cfg: SimConfig, workload: list[list[SimTurn]]) -> dict:
         "exec_won_frac": c.get("exec_won", 0) / predicted if predicted else None,
         "rollbacks": c.get("rollback", 0), "matches": c.get("match", 0),
         "policy_tokens_wasted": round(spec.wasted_tokens, 1),
+        "spec_tokens_computed": round(spec.spec_tokens, 1),
+        "spec_requests_admitted": spec.spec_admitted,
         "wasted_frac_of_compute": spec.wasted_tokens / (spec.committed_tokens + spec.spec_tokens)
         if spec.committed_tokens else 0.0,
         "engine_busy_frac_sequential": seq.engine_busy_sec / seq.makespan if seq.makespan else 0.0,

@@ -51,7 +51,7 @@ def synthetic(cfg: SimConfig) -> list[list[SimTurn]]:
     classes = list(mix.items())
     out = []
     for _ in range(w.episodes):
-        turns, ends_done = [], rng.random() < w.done_frac
+        turns, ends_done, prompt = [], rng.random() < w.done_frac, w.prompt_tokens
         for k in range(w.turns):
             u_tok, u_cls, u_hit = rng.random(), rng.random(), rng.random()
             tool_rng = random.Random(rng.random())  # its own stream: tool.kind never shifts the others
@@ -63,9 +63,10 @@ def synthetic(cfg: SimConfig) -> list[list[SimTurn]]:
                     cls = name
                     break
             kind = "done" if k == w.turns - 1 and ends_done else "bash"
-            turns.append(SimTurn(w.action_tokens * _lognormal_mean1(w.action_spread, z), kind,
-                                 cfg.tool.sample(tool_rng) if kind == "bash" else 0.0,
-                                 cfg.world_model.latency(), u_hit < _hit_rate(cfg, cls), cls))
+            tokens = w.action_tokens * _lognormal_mean1(w.action_spread, z)
+            turns.append(SimTurn(tokens, kind, cfg.tool.sample(tool_rng) if kind == "bash" else 0.0,
+                                 cfg.world_model.latency(), u_hit < _hit_rate(cfg, cls), cls, prompt))
+            prompt += tokens + cfg.world_model.obs_tokens
         out.append(turns)
     return out
 
@@ -80,17 +81,19 @@ def _read_jsonl(path: str) -> list[dict]:
 
 
 def _action_lengths(traj: dict) -> list[int]:
-    runs, n, prev = [], 0, 0
-    for m in traj["policy_mask"]:
+    return [n for _, n in _action_spans(traj)]
+
+
+def _action_spans(traj: dict) -> list[tuple[int, int]]:
+    """(prompt length, action length) of each action in a trajectory's policy mask."""
+    spans, prev = [], 0
+    for i, m in enumerate(traj["policy_mask"]):
+        if m and not prev:
+            spans.append([i, 0])
         if m:
-            n += 1
-        elif prev:
-            runs.append(n)
-            n = 0
+            spans[-1][1] += 1
         prev = m
-    if n:
-        runs.append(n)
-    return runs
+    return [(a, n) for a, n in spans]
 
 
 @dataclass
@@ -212,7 +215,7 @@ class RecordedRun:
         rng = random.Random(cfg.workload.seed)
         out = []
         for traj in self.sequential:
-            e, lengths, turns = traj["episode"], _action_lengths(traj), []
+            e, spans, turns = traj["episode"], _action_spans(traj), []
             if e in self.differing():
                 continue  # did other work in the two modes; the measured reduction leaves it out too
             for k, turn in enumerate(traj["turns"]):
@@ -228,7 +231,8 @@ class RecordedRun:
                 if w == math.inf and "tool" in resample:
                     w = wm_mean  # it lost to the recorded tool, not necessarily to a resampled one
                 kind = turn["kind"] if turn["kind"] in ("bash", "done") else "error"
-                turns.append(SimTurn(float(lengths[k]) if k < len(lengths) else 1.0, kind,
-                                     tool if kind == "bash" else 0.0, w, hit, cls))
+                prompt, tokens = spans[k] if k < len(spans) else (len(traj["policy_mask"]), 1)
+                turns.append(SimTurn(float(tokens), kind, tool if kind == "bash" else 0.0, w, hit, cls,
+                                     float(prompt)))
             out.append(turns)
         return out

@@ -196,3 +196,51 @@ def test_recipe_switch_and_its_checks():
     with pytest.raises(ConfigError, match="leaves no room in wm_train.max_length"):
         load_recipe(None, ["world_model.workspace_snapshot=true", "world_model.model=some/hub-model",
                            "world_model.snapshot_tokens=4096"])
+
+
+# ------------------------------------------------------------------ train-worldmodel's data
+
+
+def test_data_finds_the_tasks_and_puts_the_snapshot_ahead_of_rows_and_cases(fmt, tmp_path):
+    import json
+
+    from obsspec.rollout.trajectory import Trajectory, Turn
+    from obsspec.worldmodel import data
+
+    a, b = builtin_task("dir-stats", 1), builtin_task("count-lines", 2)
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "train.jsonl").write_text(json.dumps(a.to_dict()) + "\n")
+    steps = [{"command": c, "observation": f"out {i}\n(exit_code=0)", "exit_code": 0}
+             for i, c in enumerate(a.solution)]
+    (suite / "trajectories.jsonl").write_text(json.dumps(
+        {"task_id": a.task_id, "instruction": a.instruction, "steps": steps}) + "\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "episodes.jsonl").write_text(json.dumps({"episode": 0, "task": b.to_dict()}) + "\n")
+    tr = Trajectory.start(0, b.task_id, fmt.prompt_ids(b.instruction))
+    action = fmt.action_ids(chat.render_bash("ls"))
+    tr.append_action(action, [0.0] * len(action))
+    ids, span = fmt.observation_ids("x\n(exit_code=0)")
+    tr.append_observation(ids, span, len(fmt.obs_close_ids))
+    tr.turns.append(Turn(chat.render_bash("ls"), "bash", "ls", "x\n(exit_code=0)", 0, 0.1))
+    (run / "trajectories-sequential.jsonl").write_text(json.dumps(tr.to_dict()) + "\n")
+
+    sources = [str(suite), str(run)]
+    episodes = data.load_episodes(sources)
+    tasks = data.source_tasks(sources)
+    assert set(tasks) == {a.task_id, b.task_id}
+    table = data.snapshot_table(fmt, episodes, tasks, 256, SANDBOX)
+    off, _ = data.examples(fmt, episodes, 10**6)
+    on, _ = data.examples(fmt, episodes, 10**6, table)
+    for e, x, y in zip(episodes, off, on):
+        prefix = table[e.task_id]
+        assert y["input_ids"] == prefix + x["input_ids"], "the snapshot is not ahead of the row"
+        assert y["completion_mask"] == [0] * len(prefix) + x["completion_mask"]
+    cases_off, _ = data.eval_cases(fmt, episodes)
+    cases_on, _ = data.eval_cases(fmt, episodes, table)
+    assert len(cases_on) == len(cases_off) == len(a.solution) + 1
+    assert all(y.prompt_ids[-len(x.prompt_ids):] == x.prompt_ids and len(y.prompt_ids) > len(x.prompt_ids)
+               for x, y in zip(cases_off, cases_on))
+    with pytest.raises(data.DataError, match=f"needs each episode's task, and '{b.task_id}' has none"):
+        data.snapshot_table(fmt, episodes, {a.task_id: a}, 256, SANDBOX)

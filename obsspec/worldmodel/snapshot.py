@@ -206,11 +206,13 @@ class WorkspaceSnapshots:
         """The prefix of each trajectory's task (by `task_id`), building the missing ones; for
         `warmstart.trajectory_examples(..., prefixes=...)`. Call it outside an event loop."""
         trajectories = list(trajectories)
-        missing = [tr.task_id for tr in trajectories if tr.task_id not in self._tasks]
+        # (an episode that never ran a command was never seen, and has no target either)
+        missing = [tr.task_id for tr in trajectories if tr.task_id not in self._tasks and any(tr.wm_mask)]
         if missing:
             raise KeyError(f"no task known for trajectory task_id {missing[0]!r}")
-        table = asyncio.run(self.table([self._tasks[tr.task_id] for tr in trajectories]))
-        return [table[tr.task_id] for tr in trajectories]
+        table = asyncio.run(self.table([self._tasks[tr.task_id] for tr in trajectories
+                                        if tr.task_id in self._tasks]))
+        return [table.get(tr.task_id, []) for tr in trajectories]
 
     async def table(self, tasks: Iterable[Task]) -> dict[str, list[int]]:
         """task_id -> prefix ids for `tasks` (built a few at a time)."""

@@ -109,14 +109,14 @@ def snapshot_comparison(variants: dict) -> dict:
         per_class = {}
         for c in sorted(set(off["per_class"]) | set(on["per_class"])):
             a, b = off["per_class"].get(c, {}), on["per_class"].get(c, {})
+            ta, tb = off["per_class_draft_sec_mean"].get(c), on["per_class_draft_sec_mean"].get(c)
             per_class[c] = {
                 "steps": b.get("steps", a.get("steps")),
                 "exact_off": a.get("exact_frac"), "exact_on": b.get("exact_frac"),
                 "exact_points": None if a.get("exact_frac") is None or b.get("exact_frac") is None
                 else round(100 * (b["exact_frac"] - a["exact_frac"]), 1),
-                "draft_sec_off": a.get("draft_sec_mean"), "draft_sec_on": b.get("draft_sec_mean"),
-                "draft_sec_ratio_on_over_off": round(b["draft_sec_mean"] / a["draft_sec_mean"], 3)
-                if a.get("draft_sec_mean") and b.get("draft_sec_mean") else None,
+                "draft_sec_off": ta, "draft_sec_on": tb,
+                "draft_sec_ratio_on_over_off": round(tb / ta, 3) if ta and tb else None,
             }
         out[model] = {
             "exact_off": off["exact_frac"], "exact_on": on["exact_frac"],

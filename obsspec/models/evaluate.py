@@ -189,9 +189,9 @@ async def evaluate_world_model(engine, fmt: ChatFormat, cases: list[WMCase], cap
     return {
         "steps": len(cases), "exact_frac": _frac(sum(r[1] for r in results), len(results)),
         "unusable_frac": _frac(sum(r[0] for r in results), len(results)),
-        "per_class": {k: {"steps": len(v), "exact_frac": _frac(sum(v), len(v)),
-                          "draft_sec_mean": round(statistics.fmean(sec_by_class[k]), 4)}
+        "per_class": {k: {"steps": len(v), "exact_frac": _frac(sum(v), len(v))}
                       for k, v in sorted(by_class.items())},
+        "per_class_draft_sec_mean": {k: round(statistics.fmean(v), 4) for k, v in sorted(sec_by_class.items())},
         "classes_with_output_hit": sorted(k for k, v in by_class.items()
                                           if k not in ("no_output",) and any(v)),
         "draft_sec_mean": round(draft_sec, 4) if draft_sec is not None else None,

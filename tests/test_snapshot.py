@@ -244,3 +244,13 @@ def test_data_finds_the_tasks_and_puts_the_snapshot_ahead_of_rows_and_cases(fmt,
                for x, y in zip(cases_off, cases_on))
     with pytest.raises(data.DataError, match=f"needs each episode's task, and '{b.task_id}' has none"):
         data.snapshot_table(fmt, episodes, {a.task_id: a}, 256, SANDBOX)
+
+
+def test_a_budget_that_does_not_fit_is_one_line_from_the_cli():
+    from test_cli import cli
+
+    for command in (["validate"], ["rollout", "--display", "none"], ["train-worldmodel", "--display", "none"]):
+        r = cli(*command, "recipes/tiny-cpu.yaml", "world_model.workspace_snapshot=true")
+        assert r.returncode == 2, (command, r.stderr[-500:])
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "exceed the tiny world model's positions" in lines[0], r.stderr

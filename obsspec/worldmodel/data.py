@@ -19,6 +19,8 @@ mask, so they are never targets). Evaluation cases come from `obsspec.models.eva
 (`reference_cases`, `trajectory_cases`), the one place that cuts "context -> body" steps.
 The split is by task instance (a hash of the task id and the seed), so every episode of a
 held-out task, reference or rollout, is held out together; identical rows are counted and kept once.
+With `world_model.workspace_snapshot`, `snapshot_table(fmt, episodes, source_tasks(paths), ...)`
+gives each task's snapshot ids, which `examples` and `eval_cases` put ahead of rows and prompts.
 """
 
 from __future__ import annotations

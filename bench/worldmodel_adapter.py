@@ -214,8 +214,8 @@ def main(argv=None) -> None:
     keep = spread(keep, min(args.eval_limit, len(keep)))
     for r in runs.values():
         r["cases"] = [r["cases"][i] for i in keep]
-    results = {}
-    for v in variants:
+    results, adapters = {}, {}
+    for v in variants:  # train every adapter first, then judge them all back to back (timings)
         r = runs[v]
         print(json.dumps({"snapshot": v, "rollouts": len(trajectories), "rollout_sec": rollout_sec,
                           "train": r["counts"], "held_out_steps": len(r["cases"])}), file=sys.stderr)
@@ -224,11 +224,14 @@ def main(argv=None) -> None:
         stats = train_adapter(model, tokenizer, r["rows"], cfg, out_dir, display=None)
         print(json.dumps({"snapshot": v, "train": stats}), file=sys.stderr)
         swap = asyncio.run(swap_seconds(model, tokenizer, out_dir))
+        adapters[v] = out_dir
+        results[v] = {"train_data": r["counts"], "train": stats, "swap_sec_median": swap,
+                      "duplicate_steps_removed": r["dup"]}
+    for v in variants:
         model, tokenizer = load_pretrained(os.path.join(args.kit, "world_model"))  # a fresh base to serve
-        ev = evaluate_models(model, tokenizer, r["cases"], {"base": None, "adapter": out_dir},
+        ev = evaluate_models(model, tokenizer, runs[v]["cases"], {"base": None, "adapter": adapters[v]},
                              cap=recipe.sandbox.output_cap, max_tokens=args.draft_tokens)
-        results[v] = {"train_data": r["counts"], "train": stats, "eval": ev, "swap_sec_median": swap,
-                      "duplicate_steps_removed": r["dup"], "gain": gain(ev["base"], ev["adapter"])}
+        results[v].update(eval=ev, gain=gain(ev["base"], ev["adapter"]))
     first = results[variants[0]]
     counts, stats, ev, swap, dup, cases = (first["train_data"], first["train"], first["eval"],
                                            first["swap_sec_median"], first["duplicate_steps_removed"],

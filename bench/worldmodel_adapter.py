@@ -3,7 +3,7 @@ latency, adapter size and swap time, all measured in one run.
 
     nice -n 10 .venv/bin/python bench/worldmodel_adapter.py --kit .cache/kit/kit-XXXX --tasks runs/tasks
         [--episodes-per-task 2] [--max-steps 120] [--eval-limit 150] [--draft-tokens 512]
-        [--extra-data KIT/rollouts.jsonl]
+        [--extra-data KIT/rollouts.jsonl] [--snapshot off|on|both]
         [--out result.json] [--plot out.png] [wm_train.key=value ...]
 
 1. The kit's warm policy rolls out on the suite's val tasks (real sandboxes, the recipe's policy
@@ -15,6 +15,12 @@ latency, adapter size and swap time, all measured in one run.
    time recorded on the same steps (real sandbox) and against the recipe's emulated remote
    latency (rollout.latency) added on top: the "at the embedded recipe's tool latency" ratio.
 4. Swap: `HFEngine.load_adapter` of the new version onto the served base, idle engine, median of 5.
+5. `--snapshot both`: the same with each task's workspace snapshot ahead of the world model's
+   context (world_model.workspace_snapshot; budget world_model.snapshot_tokens): a second adapter
+   trained on the same rows with the snapshot, all four models judged on the same held-out steps
+   (those that still fit the tiny model's positions); `snapshot.comparison` in the JSON gives
+   exact-match points and draft-latency ratios (on / off) per command class; `--plot X.png` also
+   draws X-snapshot.png.
 Targets (issue 10): adapter >= base + 10 points and >= 60 % exact; drafts >= 16x faster than the
 tool; swap < 1 s. Prints JSON; `--plot` draws hit rate per command class, base vs adapter.
 """

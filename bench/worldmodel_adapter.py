@@ -3,7 +3,7 @@ latency, adapter size and swap time, all measured in one run.
 
     nice -n 10 .venv/bin/python bench/worldmodel_adapter.py --kit .cache/kit/kit-XXXX --tasks runs/tasks
         [--episodes-per-task 2] [--max-steps 120] [--eval-limit 150] [--draft-tokens 512]
-        [--extra-data KIT/rollouts.jsonl]
+        [--extra-data KIT/rollouts.jsonl] [--snapshot off|on|both]
         [--out result.json] [--plot out.png] [wm_train.key=value ...]
 
 1. The kit's warm policy rolls out on the suite's val tasks (real sandboxes, the recipe's policy
@@ -15,6 +15,12 @@ latency, adapter size and swap time, all measured in one run.
    time recorded on the same steps (real sandbox) and against the recipe's emulated remote
    latency (rollout.latency) added on top: the "at the embedded recipe's tool latency" ratio.
 4. Swap: `HFEngine.load_adapter` of the new version onto the served base, idle engine, median of 5.
+5. `--snapshot both`: the same with each task's workspace snapshot ahead of the world model's
+   context (world_model.workspace_snapshot; budget world_model.snapshot_tokens): a second adapter
+   trained on the same rows with the snapshot, all four models judged on the same held-out steps
+   (those that still fit the tiny model's positions); `snapshot.comparison` in the JSON gives
+   exact-match points and draft-latency ratios (on / off) per command class; `--plot X.png` also
+   draws X-snapshot.png.
 Targets (issue 10): adapter >= base + 10 points and >= 60 % exact; drafts >= 16x faster than the
 tool; swap < 1 s. Prints JSON; `--plot` draws hit rate per command class, base vs adapter.
 """
@@ -100,6 +106,57 @@ def plot(result: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def snapshot_comparison(variants: dict) -> dict:
+    """With the snapshot against without, per command class: exact-match points gained and the
+    draft-latency ratio (on / off), base and adapter each."""
+    out = {}
+    for model in ("base", "adapter"):
+        off, on = variants["off"]["eval"][model], variants["on"]["eval"][model]
+        per_class = {}
+        for c in sorted(set(off["per_class"]) | set(on["per_class"])):
+            a, b = off["per_class"].get(c, {}), on["per_class"].get(c, {})
+            ta, tb = off["per_class_draft_sec_mean"].get(c), on["per_class_draft_sec_mean"].get(c)
+            per_class[c] = {
+                "steps": b.get("steps", a.get("steps")),
+                "exact_off": a.get("exact_frac"), "exact_on": b.get("exact_frac"),
+                "exact_points": None if a.get("exact_frac") is None or b.get("exact_frac") is None
+                else round(100 * (b["exact_frac"] - a["exact_frac"]), 1),
+                "draft_sec_off": ta, "draft_sec_on": tb,
+                "draft_sec_ratio_on_over_off": round(tb / ta, 3) if ta and tb else None,
+            }
+        out[model] = {
+            "exact_off": off["exact_frac"], "exact_on": on["exact_frac"],
+            "exact_points": round(100 * ((on["exact_frac"] or 0) - (off["exact_frac"] or 0)), 1),
+            "unusable_off": off["unusable_frac"], "unusable_on": on["unusable_frac"],
+            "draft_sec_off": off["draft_sec_mean"], "draft_sec_on": on["draft_sec_mean"],
+            "draft_sec_ratio_on_over_off": round(on["draft_sec_mean"] / off["draft_sec_mean"], 3)
+            if off["draft_sec_mean"] and on["draft_sec_mean"] else None,
+            "per_class": per_class,
+        }
+    return out
+
+
+def plot_snapshot(comparison: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+    for ax, (model, r) in zip(axes, comparison.items()):
+        classes = sorted(r["per_class"])
+        x = range(len(classes))
+        for off, key in ((-0.2, "off"), (0.2, "on")):
+            ax.bar([i + off for i in x], [100 * (r["per_class"][c][f"exact_{key}"] or 0) for c in classes], 0.4,
+                   label=f"snapshot {key} ({100 * (r[f'exact_{key}'] or 0):.0f} % overall)")
+        ax.set_xticks(list(x), [f"{c}\n({r['per_class'][c]['steps']})" for c in classes])
+        ax.set_title(f"{model}: exact match on held-out rollout steps")
+        ax.set_ylabel("exact match, %")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kit", required=True, help="a tiny model kit folder (policy/, world_model/)")
@@ -114,11 +171,15 @@ def main(argv=None) -> None:
                         "disjoint from the val tasks evaluated); repeatable")
     p.add_argument("--out", default="worldmodel_adapter.json")
     p.add_argument("--plot", default="")
+    p.add_argument("--snapshot", choices=["off", "on", "both"], default="off",
+                   help="the world model reads each task's workspace snapshot ahead of its context "
+                        "(world_model.snapshot_tokens): off, on, or both (an adapter trained and "
+                        "both models judged each way, on the same steps; JSON ratios per class)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
 
     from obsspec.config import load_recipe
-    from obsspec.env.suite import spread
+    from obsspec.env.suite import load_tasks, spread
     from obsspec.models.tiny import load_pretrained
     from obsspec.tokens import ChatFormat
     from obsspec.worldmodel import data
@@ -135,18 +196,52 @@ def main(argv=None) -> None:
     episodes = [data.Episode(tr.task_id, "rollouts", trajectory=tr) for tr in trajectories]
     train_eps, held_eps = data.split_by_task(episodes, cfg.eval_fraction, cfg.seed)
     extra = data.load_episodes(args.extra_data) if args.extra_data else []
-    rows, counts = data.examples(fmt, train_eps + extra, cfg.max_length)
-    cases, dup = data.eval_cases(fmt, held_eps)
-    cases = spread(cases, min(args.eval_limit, len(cases)))
-    print(json.dumps({"rollouts": len(trajectories), "rollout_sec": rollout_sec, "train": counts,
-                      "held_out_steps": len(cases)}), file=sys.stderr)
-    out_dir = args.out + ".adapter"
-    stats = train_adapter(model, tokenizer, rows, cfg, out_dir, display=None)
-    print(json.dumps({"train": stats}), file=sys.stderr)
-    swap = asyncio.run(swap_seconds(model, tokenizer, out_dir))
-    model, tokenizer = load_pretrained(os.path.join(args.kit, "world_model"))  # a fresh base to serve
-    ev = evaluate_models(model, tokenizer, cases, {"base": None, "adapter": out_dir},
-                         cap=recipe.sandbox.output_cap, max_tokens=args.draft_tokens)
+    variants = ["off", "on"] if args.snapshot == "both" else [args.snapshot]
+    table = None
+    if "on" in variants:
+        tasks = {t.task_id: t for name in ("train.jsonl", "val.jsonl")
+                 for t in load_tasks(os.path.join(args.tasks, name))}
+        t0 = time.monotonic()
+        table = data.snapshot_table(fmt, train_eps + extra + held_eps, tasks,
+                                    recipe.world_model.snapshot_tokens, recipe.sandbox)
+        snapshot_sec = round(time.monotonic() - t0, 1)
+    runs = {}
+    for v in variants:
+        snaps = table if v == "on" else None
+        rows, counts = data.examples(fmt, train_eps + extra, cfg.max_length, snaps)
+        cases, dup = data.eval_cases(fmt, held_eps, snaps)
+        runs[v] = {"rows": rows, "counts": counts, "cases": cases, "dup": dup}
+    # The same held-out steps for every variant; with the snapshot, those whose longer prompt
+    # still leaves the tiny model positions to draft in.
+    room = recipe.kit.max_length - 64 if table is not None else 10**9
+    n = len(runs[variants[0]]["cases"])
+    assert all(len(r["cases"]) == n for r in runs.values()), "the variants cut different steps"
+    keep = [i for i in range(n) if all(len(r["cases"][i].prompt_ids) <= room for r in runs.values())]
+    keep = spread(keep, min(args.eval_limit, len(keep)))
+    for r in runs.values():
+        r["cases"] = [r["cases"][i] for i in keep]
+    results, adapters = {}, {}
+    for v in variants:  # train every adapter first, then judge them all back to back (timings)
+        r = runs[v]
+        print(json.dumps({"snapshot": v, "rollouts": len(trajectories), "rollout_sec": rollout_sec,
+                          "train": r["counts"], "held_out_steps": len(r["cases"])}), file=sys.stderr)
+        out_dir = args.out + (".adapter" if v == "off" else ".adapter-snapshot")
+        model, tokenizer = load_pretrained(os.path.join(args.kit, "world_model"))
+        stats = train_adapter(model, tokenizer, r["rows"], cfg, out_dir, display=None)
+        print(json.dumps({"snapshot": v, "train": stats}), file=sys.stderr)
+        swap = asyncio.run(swap_seconds(model, tokenizer, out_dir))
+        adapters[v] = out_dir
+        results[v] = {"train_data": r["counts"], "train": stats, "swap_sec_median": swap,
+                      "duplicate_steps_removed": r["dup"]}
+    for v in variants:
+        model, tokenizer = load_pretrained(os.path.join(args.kit, "world_model"))  # a fresh base to serve
+        ev = evaluate_models(model, tokenizer, runs[v]["cases"], {"base": None, "adapter": adapters[v]},
+                             cap=recipe.sandbox.output_cap, max_tokens=args.draft_tokens)
+        results[v].update(eval=ev, gain=gain(ev["base"], ev["adapter"]))
+    first = results[variants[0]]
+    counts, stats, ev, swap, dup, cases = (first["train_data"], first["train"], first["eval"],
+                                           first["swap_sec_median"], first["duplicate_steps_removed"],
+                                           runs[variants[0]]["cases"])
     emulated = emulated_mean(recipe.rollout.latency)
     result = {
         "command": " ".join(["bench/worldmodel_adapter.py", *(argv or sys.argv[1:])]),
@@ -158,6 +253,13 @@ def main(argv=None) -> None:
         "draft_tokens_cap": args.draft_tokens, "swap_sec_median": swap,
         "emulated_tool_latency_mean_s": round(emulated, 3),
     }
+    if args.snapshot != "off":
+        result["snapshot"] = {"variants": variants, "snapshot_tokens": recipe.world_model.snapshot_tokens,
+                              "snapshot_build_sec": snapshot_sec, "tasks": len(table),
+                              "mean_snapshot_tokens": round(sum(map(len, table.values())) / len(table), 1),
+                              "runs": {v: results[v] for v in variants}}
+        if len(variants) == 2:
+            result["snapshot"]["comparison"] = snapshot_comparison(results)
     for label in ("base", "adapter"):
         r = ev[label]
         tool = (r["tool_sec_mean"] or 0) + emulated
@@ -174,6 +276,8 @@ def main(argv=None) -> None:
         json.dump(result, f, indent=2, sort_keys=True)
     if args.plot:
         plot(result, args.plot)
+        if len(variants) == 2:
+            plot_snapshot(result["snapshot"]["comparison"], os.path.splitext(args.plot)[0] + "-snapshot.png")
     print(json.dumps(result, indent=2, sort_keys=True))
 
 

@@ -102,9 +102,11 @@ class ChatFormat:
     def error_observation_ids(self, message: str) -> tuple[list[int], slice]:
         return self.observation_ids(chat.error_observation(message))
 
-    def wm_prompt_ids(self, history_ids: Sequence[int], action_ids: Sequence[int]) -> list[int]:
-        """What the world model sees: history + action + the observation opening."""
-        return [*history_ids, *action_ids, *self.obs_prefix_ids]
+    def wm_prompt_ids(self, history_ids: Sequence[int], action_ids: Sequence[int],
+                      snapshot_ids: Sequence[int] = ()) -> list[int]:
+        """What the world model sees: history + action + the observation opening (after the
+        task's workspace snapshot, when the recipe gives it one)."""
+        return wm_context(snapshot_ids, [*history_ids, *action_ids, *self.obs_prefix_ids])
 
     def wm_target_ids(self, body: str) -> list[int]:
         """What the world model is trained to write: body + closing tag (it stops there)."""
@@ -112,6 +114,21 @@ class ChatFormat:
 
     def parse_action(self, action_ids: Sequence[int]) -> chat.Action:
         return chat.parse_action(self.decode(action_ids))
+
+
+def wm_context(snapshot_ids: Sequence[int], context_ids: Sequence[int]) -> list[int]:
+    """The world model's input: the task's workspace snapshot (obsspec/worldmodel/snapshot.py;
+    empty when `world_model.workspace_snapshot` is off) ahead of the rollout's own token ids.
+    The one construction shared by the rollout's predictor, training rows and evaluation cases;
+    a training row's mask gets `len(snapshot_ids)` zeros in front (the snapshot is never a target)."""
+    return [*snapshot_ids, *context_ids]
+
+
+def wm_row(snapshot_ids: Sequence[int], ids: Sequence[int], wm_mask: Sequence[int]) -> dict:
+    """A world-model SFT row `{"input_ids", "completion_mask"}`: `wm_context` of the ids, loss
+    where `wm_mask` is 1 (never on the snapshot)."""
+    return {"input_ids": wm_context(snapshot_ids, ids),
+            "completion_mask": [0] * len(snapshot_ids) + list(wm_mask)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from obsspec import chat
@@ -35,7 +36,7 @@ from obsspec.rollout.predictors import PredictRequest, WorldModelPredictor
 from obsspec.rollout.scheduler import Sampling, Scheduler
 from obsspec.rollout.tools import EmulatedLatency, SandboxTool
 from obsspec.rollout.trajectory import Trajectory
-from obsspec.tokens import ChatFormat
+from obsspec.tokens import ChatFormat, wm_context
 from obsspec.ui.display import Display, NullDisplay
 
 
@@ -111,30 +112,37 @@ class WMCase:
     tool_sec: float = 0.0         # the tool's latency for this step, when recorded
 
 
-def reference_cases(fmt: ChatFormat, rows: list[dict]) -> list[WMCase]:
-    """Cases from reference trajectories (rows of a suite's trajectories.jsonl)."""
+def reference_cases(fmt: ChatFormat, rows: list[dict],
+                    snapshots: Mapping[str, Sequence[int]] | None = None) -> list[WMCase]:
+    """Cases from reference trajectories (rows of a suite's trajectories.jsonl); `snapshots`:
+    task_id -> workspace snapshot ids ahead of each prompt (`wm_context`)."""
     cases = []
     for row in rows:
+        snapshot = snapshots[row["task_id"]] if snapshots is not None else ()
         history = fmt.prompt_ids(row["instruction"])
         for step in row["steps"]:
             action = fmt.action_ids(chat.render_bash(step["command"]))
-            cases.append(WMCase(tuple(fmt.wm_prompt_ids(history, action)), step["observation"],
+            cases.append(WMCase(tuple(fmt.wm_prompt_ids(history, action, snapshot)), step["observation"],
                                 step["command"]))
             history = history + action + fmt.observation_ids(step["observation"])[0]
     return cases
 
 
-def trajectory_cases(fmt: ChatFormat, trajectories: list[Trajectory]) -> list[WMCase]:
+def trajectory_cases(fmt: ChatFormat, trajectories: list[Trajectory],
+                     snapshots: Mapping[str, Sequence[int]] | None = None) -> list[WMCase]:
     """Cases from rollouts: each executed command's observation, with everything before it.
 
     The observation body starts where a run of `wm_mask` begins (error observations of malformed
-    calls are not targets and carry no mask), so the prompt is exactly the rollout's context."""
+    calls are not targets and carry no mask), so the prompt is exactly the rollout's context
+    (after the task's workspace snapshot, with `snapshots`: task_id -> ids)."""
     cases = []
     for tr in trajectories:
+        snapshot = snapshots[tr.task_id] if snapshots is not None else ()
         starts = [i for i, m in enumerate(tr.wm_mask) if m and (i == 0 or not tr.wm_mask[i - 1])]
         bash = [t for t in tr.turns if t.kind == "bash"]
         for start, turn in zip(starts, bash):
-            cases.append(WMCase(tuple(tr.ids[:start]), turn.observation, turn.command, turn.tool_sec))
+            cases.append(WMCase(tuple(wm_context(snapshot, tr.ids[:start])), turn.observation,
+                                turn.command, turn.tool_sec))
     return cases
 
 
@@ -172,8 +180,10 @@ async def evaluate_world_model(engine, fmt: ChatFormat, cases: list[WMCase], cap
     finally:
         display.finish()
     by_class: dict[str, list[bool]] = defaultdict(list)
-    for case, (_, hit, _) in zip(cases, results):
+    sec_by_class: dict[str, list[float]] = defaultdict(list)
+    for case, (_, hit, sec) in zip(cases, results):
         by_class[command_class(case.command, case.body)].append(hit)
+        sec_by_class[command_class(case.command, case.body)].append(sec)
     tool = [c.tool_sec for c in cases if c.tool_sec > 0]
     draft_sec = statistics.fmean(r[2] for r in results) if results else None
     return {
@@ -181,6 +191,7 @@ async def evaluate_world_model(engine, fmt: ChatFormat, cases: list[WMCase], cap
         "unusable_frac": _frac(sum(r[0] for r in results), len(results)),
         "per_class": {k: {"steps": len(v), "exact_frac": _frac(sum(v), len(v))}
                       for k, v in sorted(by_class.items())},
+        "per_class_draft_sec_mean": {k: round(statistics.fmean(v), 4) for k, v in sorted(sec_by_class.items())},
         "classes_with_output_hit": sorted(k for k, v in by_class.items()
                                           if k not in ("no_output",) and any(v)),
         "draft_sec_mean": round(draft_sec, 4) if draft_sec is not None else None,

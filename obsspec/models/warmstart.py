@@ -19,7 +19,7 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import datasets
@@ -30,16 +30,18 @@ from transformers import PrinterCallback, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from obsspec.models.config import TinyModelConfig
-from obsspec.tokens import ChatFormat, transcript
+from obsspec.tokens import ChatFormat, transcript, wm_row
 from obsspec.ui.display import Display, NullDisplay
 
 
 def examples(fmt: ChatFormat, trajectories: Iterable[dict], target: str,
-             max_length: int) -> tuple[list[dict], int]:
+             max_length: int, snapshots: Mapping[str, Sequence[int]] | None = None
+             ) -> tuple[list[dict], int]:
     """Pre-tokenized SFT rows (`target`: "policy" or "world_model") and how many were dropped.
 
     A trajectory longer than `max_length` tokens is dropped rather than cut: a cut sequence would
-    teach the policy half an action, or the world model half an observation.
+    teach the policy half an action, or the world model half an observation. `snapshots`
+    (world model only): task_id -> workspace snapshot ids, put ahead of each row (`wm_row`).
     """
     if target not in ("policy", "world_model"):
         raise ValueError(f"target must be 'policy' or 'world_model', not {target!r}")
@@ -47,20 +49,30 @@ def examples(fmt: ChatFormat, trajectories: Iterable[dict], target: str,
     for row in trajectories:
         steps = [(s["command"], s["observation"]) for s in row["steps"]]
         t = transcript(fmt, row["instruction"], steps, done=target == "policy")
-        mask = t.action_mask if target == "policy" else t.wm_mask
-        if len(t.ids) > max_length:
+        if target == "policy":
+            out = {"input_ids": t.ids, "completion_mask": t.action_mask}
+        else:
+            out = wm_row(snapshots[row["task_id"]] if snapshots is not None else (), t.ids, t.wm_mask)
+        if len(out["input_ids"]) > max_length:
             dropped += 1
-        elif any(mask):
-            rows.append({"input_ids": t.ids, "completion_mask": mask})
+        elif any(out["completion_mask"]):
+            rows.append(out)
     return rows, dropped
 
 
-def trajectory_examples(trajectories: Iterable[Any], max_length: int) -> list[dict]:
+def trajectory_examples(trajectories: Iterable[Any], max_length: int,
+                        prefixes: Iterable[Sequence[int]] | None = None) -> list[dict]:
     """World-model rows from rollouts (obsspec.rollout.trajectory.Trajectory): the rollout's own
     token ids, loss on its observation bodies + closing tags (`wm_mask`; error observations of
-    malformed calls carry none). Longer than `max_length` or without a target: left out."""
-    return [{"input_ids": list(tr.ids), "completion_mask": list(tr.wm_mask)}
-            for tr in trajectories if len(tr.ids) <= max_length and any(tr.wm_mask)]
+    malformed calls carry none). Longer than `max_length` or without a target: left out.
+    `prefixes`: one workspace snapshot per trajectory (`WorkspaceSnapshots.prefixes`), put
+    ahead of its row, when the recipe's world model reads one."""
+    trajectories = list(trajectories)
+    prefixes = list(prefixes) if prefixes is not None else [()] * len(trajectories)
+    if len(prefixes) != len(trajectories):
+        raise ValueError(f"{len(prefixes)} snapshot prefixes for {len(trajectories)} trajectories")
+    rows = [wm_row(p, tr.ids, tr.wm_mask) for tr, p in zip(trajectories, prefixes)]
+    return [r for r in rows if len(r["input_ids"]) <= max_length and any(r["completion_mask"])]
 
 
 TRAIN_SAMPLE = 64  # train rows whose loss is measured after training

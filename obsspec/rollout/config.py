@@ -49,9 +49,18 @@ class WorldModelConfig:
     max_tokens: int = doc(4160, "Longest draft, in tokens; an unfinished draft cannot match. At "
                                 "least sandbox.output_cap + 64, so an observation at the cap fits.")
     temperature: float = doc(0.7, "Temperature of the extra drafts when breadth > 1 (the first is greedy).")
+    workspace_snapshot: bool = doc(False, "Put a snapshot of the task's initial workspace (sorted "
+                                          "file tree with sizes, small text files' contents) ahead "
+                                          "of the world model's context, in rollouts, training rows "
+                                          "and evaluation alike; drafts are still verified exactly.")
+    snapshot_tokens: int = doc(512, "Token budget of the workspace snapshot (cut with a marker); "
+                                    "the world model then reads up to this + policy.max_context.")
 
     def __post_init__(self) -> None:
         check_engine("world_model", self.engine, self.server_url)
+        if not 64 <= self.snapshot_tokens <= 32768:
+            raise ValueError(f"world_model.snapshot_tokens must be between 64 and 32768 "
+                             f"(got {self.snapshot_tokens})")
 
 
 @dataclass(frozen=True)

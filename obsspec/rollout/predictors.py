@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from obsspec import chat
 from obsspec.engines.base import GenerationRequest
+from obsspec.env.task import Task
+from obsspec.tokens import wm_context
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class PredictRequest:
     turn: int
     commands: tuple[str, ...]      # committed commands so far, the current one last
     prompt_ids: tuple[int, ...]    # what a world model sees: history + action + observation opening
+    task: Task | None = field(default=None, compare=False)  # the episode's task (its workspace)
 
 
 @dataclass(frozen=True)
@@ -124,19 +127,30 @@ class WithHistory:
 
 
 class WorldModelPredictor:
+    """`snapshots` (obsspec/worldmodel/snapshot.py `WorkspaceSnapshots`, or None): put the task's
+    workspace snapshot ahead of the context (`wm_context`), as training rows have it."""
+
     name = "world_model"
 
     def __init__(self, engine, fmt, *, cap: int, max_tokens: int = 256, breadth: int = 1,
-                 temperature: float = 0.7, adapter: str | None = None, seed: int = 0):
+                 temperature: float = 0.7, adapter: str | None = None, seed: int = 0, snapshots=None):
         self.engine, self.fmt, self.cap = engine, fmt, cap
         self.max_tokens, self.breadth, self.temperature = max_tokens, breadth, temperature
-        self.adapter, self.seed = adapter, seed
+        self.adapter, self.seed, self.snapshots = adapter, seed, snapshots
+
+    async def prompt_ids(self, request: PredictRequest) -> list[int]:
+        if self.snapshots is None:
+            return list(request.prompt_ids)
+        if request.task is None:
+            raise ValueError("a world model with workspace snapshots needs each request's task")
+        return wm_context(await self.snapshots.prefix(request.task), request.prompt_ids)
 
     async def predict(self, request: PredictRequest) -> list[Draft]:
+        prompt = await self.prompt_ids(request)
         requests = []
         for k in range(self.breadth):
             requests.append(GenerationRequest(
-                request.prompt_ids, max_new_tokens=self.max_tokens,
+                prompt, max_new_tokens=self.max_tokens,
                 temperature=0.0 if k == 0 else self.temperature,
                 seed=derive_seed(self.seed, "wm", request.episode, request.turn, k),
                 stop_token_ids=self.fmt.wm_stop_token_ids, stop_strings=self.fmt.wm_stop_strings,
@@ -154,7 +168,9 @@ class WorldModelPredictor:
         return [Draft(chat.split_draft(self.fmt.decode(g.token_ids)), len(g.token_ids)) for g in generations]
 
     def learn(self, request: PredictRequest, body: str) -> None:
-        pass  # co-training happens between policy updates, not here
+        # co-training happens between policy updates, not here; it needs the tasks' snapshots
+        if self.snapshots is not None and request.task is not None:
+            self.snapshots.remember(request.task)
 
 
 class Corrupting:

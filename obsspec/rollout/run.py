@@ -188,11 +188,18 @@ def _predictor(recipe: Recipe, fmt, wm_engine, sequential, recorded, episodes, a
 
 
 def world_model_predictor(recipe: Recipe, fmt, wm_engine, adapter: str | None, seed: int):
-    """The recipe's world model as a predictor (`adapter`: the loaded adapter's name, or None)."""
+    """The recipe's world model as a predictor (`adapter`: the loaded adapter's name, or None);
+    with `world_model.workspace_snapshot`, it reads each task's snapshot ahead of the context
+    (`predictor.snapshots.prefixes(trajectories)` gives co-training the same prefixes)."""
     wm = recipe.world_model
+    snapshots = None
+    if wm.workspace_snapshot:
+        from obsspec.worldmodel.snapshot import WorkspaceSnapshots
+
+        snapshots = WorkspaceSnapshots(fmt, wm.snapshot_tokens, recipe.sandbox)
     return WorldModelPredictor(wm_engine, fmt, cap=recipe.sandbox.output_cap, max_tokens=wm.max_tokens,
                                breadth=recipe.rollout.breadth, temperature=wm.temperature,
-                               adapter=adapter, seed=seed)
+                               adapter=adapter, seed=seed, snapshots=snapshots)
 
 
 def tool_factory(recipe: Recipe, recorded):

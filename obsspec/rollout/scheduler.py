@@ -122,7 +122,7 @@ class Scheduler:
                     continue
                 commands.append(action.command)
                 request = PredictRequest(task_key, task.task_id, episode, turn, tuple(commands),
-                                         tuple(traj.ids) + tuple(fmt.obs_prefix_ids))
+                                         tuple(traj.ids) + tuple(fmt.obs_prefix_ids), task)
                 if speculative and self.predictor is not None:
                     branch = carried or scope.spawn(self._branch(list(traj.ids), request, self.depth, scope))
                     carried = None
@@ -306,7 +306,8 @@ class Scheduler:
             return []
         ids = prompt + list(gen.token_ids)
         nxt = PredictRequest(request.task_key, request.task_id, request.episode, request.turn + 1,
-                             request.commands + (action.command,), tuple(ids) + tuple(self.fmt.obs_prefix_ids))
+                             request.commands + (action.command,), tuple(ids) + tuple(self.fmt.obs_prefix_ids),
+                             request.task)
         return await self._branch(ids, nxt, depth, scope)
 
     async def _collect(self, spec: _Speculation) -> Generation:

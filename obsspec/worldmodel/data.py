@@ -19,6 +19,8 @@ mask, so they are never targets). Evaluation cases come from `obsspec.models.eva
 (`reference_cases`, `trajectory_cases`), the one place that cuts "context -> body" steps.
 The split is by task instance (a hash of the task id and the seed), so every episode of a
 held-out task, reference or rollout, is held out together; identical rows are counted and kept once.
+With `world_model.workspace_snapshot`, `snapshot_table(fmt, episodes, source_tasks(paths), ...)`
+gives each task's snapshot ids, which `examples` and `eval_cases` put ahead of rows and prompts.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from obsspec.env.task import Task
 from obsspec.rollout.trajectory import Trajectory
 from obsspec.worldmodel.config import WorldModelError
 
@@ -119,8 +122,10 @@ def split_by_task(episodes: list[Episode], eval_fraction: float, seed: int
     return [e for e in episodes if e.task_id not in ids], held
 
 
-def examples(fmt, episodes: list[Episode], max_length: int) -> tuple[list[dict], dict]:
-    """SFT rows {"input_ids", "completion_mask"} and counts (too long, without a target, duplicates)."""
+def examples(fmt, episodes: list[Episode], max_length: int,
+             snapshots: dict[str, list[int]] | None = None) -> tuple[list[dict], dict]:
+    """SFT rows {"input_ids", "completion_mask"} and counts (too long, without a target, duplicates).
+    `snapshots`: task_id -> workspace snapshot ids, ahead of every row of that task."""
     from obsspec.models.warmstart import examples as reference_examples
     from obsspec.models.warmstart import trajectory_examples
 
@@ -128,10 +133,11 @@ def examples(fmt, episodes: list[Episode], max_length: int) -> tuple[list[dict],
     counts = {"episodes": len(episodes), "too_long": 0, "no_target": 0, "duplicates": 0}
     for e in episodes:
         if e.reference is not None:
-            got, dropped = reference_examples(fmt, [e.reference], "world_model", max_length)
+            got, dropped = reference_examples(fmt, [e.reference], "world_model", max_length, snapshots)
         else:
-            got = trajectory_examples([e.trajectory], max_length)
-            dropped = int(len(e.trajectory.ids) > max_length)
+            prefix = snapshots[e.task_id] if snapshots is not None else []
+            got = trajectory_examples([e.trajectory], max_length, [prefix])
+            dropped = int(len(prefix) + len(e.trajectory.ids) > max_length)
         counts["too_long"] += dropped
         counts["no_target"] += int(not got and not dropped)
         for row in got:
@@ -145,14 +151,16 @@ def examples(fmt, episodes: list[Episode], max_length: int) -> tuple[list[dict],
     return rows, counts
 
 
-def eval_cases(fmt, episodes: list[Episode]) -> tuple[list, int]:
-    """Deduplicated held-out steps (`WMCase`s) and how many duplicates were removed."""
+def eval_cases(fmt, episodes: list[Episode], snapshots: dict[str, list[int]] | None = None
+               ) -> tuple[list, int]:
+    """Deduplicated held-out steps (`WMCase`s) and how many duplicates were removed
+    (`snapshots`: as in `examples`)."""
     from obsspec.models.evaluate import reference_cases, trajectory_cases
 
     cases, seen, duplicates = [], set(), 0
     for e in episodes:
-        got = reference_cases(fmt, [e.reference]) if e.reference is not None \
-            else trajectory_cases(fmt, [e.trajectory])
+        got = reference_cases(fmt, [e.reference], snapshots) if e.reference is not None \
+            else trajectory_cases(fmt, [e.trajectory], snapshots)
         for case in got:
             key = (case.prompt_ids, case.body)
             if key in seen:
@@ -161,6 +169,41 @@ def eval_cases(fmt, episodes: list[Episode]) -> tuple[list, int]:
             seen.add(key)
             cases.append(case)
     return cases, duplicates
+
+
+def source_tasks(paths: list[str] | tuple[str, ...]) -> dict[str, Task]:
+    """task_id -> Task for the episodes of `paths`: a suite's train/val.jsonl, a rollout run's
+    episodes.jsonl (also of each step of a train run), found next to the trajectory files."""
+    from obsspec.env.suite import load_tasks
+
+    tasks: dict[str, Task] = {}
+    for path in paths:
+        for file in source_files(path):
+            folder = os.path.dirname(file)
+            for name in ("train.jsonl", "val.jsonl"):
+                if os.path.exists(os.path.join(folder, name)):
+                    tasks.update((t.task_id, t) for t in load_tasks(os.path.join(folder, name)))
+            eps = os.path.join(folder, "episodes.jsonl")
+            if os.path.exists(eps):
+                with open(eps) as f:
+                    tasks.update((t.task_id, t) for t in
+                                 (Task.from_dict(json.loads(line)["task"]) for line in f if line.strip()))
+    return tasks
+
+
+def snapshot_table(fmt, episodes: list[Episode], tasks: dict[str, Task], budget: int, sandbox) -> dict[str, list[int]]:
+    """task_id -> workspace snapshot ids for every task of `episodes` (DataError if one of them
+    has no task to take the workspace from)."""
+    import asyncio
+
+    from obsspec.worldmodel.snapshot import WorkspaceSnapshots
+
+    missing = sorted({e.task_id for e in episodes} - set(tasks))
+    if missing:
+        raise DataError(f"world_model.workspace_snapshot needs each episode's task, and {missing[0]!r} has "
+                        "none next to its data (a suite's train/val.jsonl or a rollout run's episodes.jsonl)")
+    needed = [tasks[t] for t in sorted({e.task_id for e in episodes})]
+    return asyncio.run(WorkspaceSnapshots(fmt, budget, sandbox).table(needed))
 
 
 def determinism_ceiling(paths: list[str] | tuple[str, ...], episodes: list[Episode]) -> float | None:

@@ -9,7 +9,9 @@ Writes under `out_dir`:
 - `summary.json`                             data counts, training stats, evaluation figures
 A crash mid-training leaves only `.training/`, removed by the next run, which starts that
 version over; a version is visible only once whole (`AdapterStore.publish`). `wm_train.init_adapter`
-continues from an earlier version instead of a fresh adapter.
+continues from an earlier version instead of a fresh adapter. With `world_model.workspace_snapshot`,
+every row and every evaluation case has its task's workspace snapshot ahead of it, as the
+rollout's drafts do (the tasks come from the sources: a suite's train/val.jsonl, a run's episodes.jsonl).
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ def base_model_path(recipe: Recipe, display: Display) -> str:
     tasks_dir = recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks")
     return ensure_kit(tasks_dir, recipe.rollout.kit_cache, recipe.kit, recipe.sandbox,
                       sampling(recipe.policy, recipe.rollout.seed), display).world_model
+
+
+def snapshot_table(fmt, recipe: Recipe, sources: list[str], episodes: list) -> dict | None:
+    """task_id -> workspace snapshot ids when the recipe's world model reads one, else None."""
+    wm = recipe.world_model
+    if not wm.workspace_snapshot:
+        return None
+    return data.snapshot_table(fmt, episodes, data.source_tasks(sources), wm.snapshot_tokens, recipe.sandbox)
 
 
 def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | None = None,
@@ -70,8 +80,9 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
         from obsspec.worldmodel.train import train_adapter
 
         train_eps, held_eps = data.split_by_task(episodes, cfg.eval_fraction, cfg.seed)
-        rows, counts = data.examples(fmt, train_eps, cfg.max_length)
-        held_rows, _ = data.examples(fmt, held_eps, cfg.max_length)
+        snapshots = snapshot_table(fmt, recipe, sources, episodes)
+        rows, counts = data.examples(fmt, train_eps, cfg.max_length, snapshots)
+        held_rows, _ = data.examples(fmt, held_eps, cfg.max_length, snapshots)
         summary["train_data"] = {**counts, "tasks": len({e.task_id for e in train_eps}),
                                  "held_out_tasks": len({e.task_id for e in held_eps})}
         display.log(f"world-model adapter: {counts['examples']} examples from "
@@ -100,7 +111,7 @@ def evaluate(fmt, model, tokenizer, recipe: Recipe, sources: list[str], episodes
 
     cfg = recipe.wm_train
     _, held = data.split_by_task(episodes, cfg.eval_fraction, cfg.seed)
-    cases, duplicates = data.eval_cases(fmt, held)
+    cases, duplicates = data.eval_cases(fmt, held, snapshot_table(fmt, recipe, sources, held))
     if cfg.eval_limit:
         cases = spread(cases, min(cfg.eval_limit, len(cases)))
     results = evaluate_models(model, tokenizer, cases, adapters, cap=recipe.sandbox.output_cap,

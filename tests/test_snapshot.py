@@ -1,0 +1,256 @@
+"""The workspace snapshot ahead of the world model's context (`world_model.workspace_snapshot`).
+
+- the snapshot is deterministic (sorted tree, sizes, small files' contents) and bounded by its
+  token budget, with a visible marker when cut; a setup-less task's snapshot equals what a
+  sandbox holds; a task with a setup (built-in or an imported Harbor setup.sh) is captured after it;
+- the prefix reaches the world model's request when on, and nothing changes when off;
+- one prompt construction: training rows, evaluation cases and the rollout's drafts agree;
+- lossless: a speculative rollout with the switch on is token-identical to sequential;
+- bad budgets are one clear line.
+The policy is the scripted engine of tests/fakes.py; the world model a fake engine that answers
+right only when it reads the task's snapshot ahead of a context it has seen.
+
+Run: .venv/bin/python -m pytest -q tests/test_snapshot.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pytest
+
+from fakes import ByteTokenizer, ScriptedPolicy
+from obsspec import chat
+from obsspec.config import ConfigError, load_recipe
+from obsspec.engines.base import Generation
+from obsspec.env.harbor import import_harbor
+from obsspec.env.suite import builtin_task
+from obsspec.models.evaluate import trajectory_cases
+from obsspec.models.warmstart import trajectory_examples
+from obsspec.rollout.events import EventBus
+from obsspec.rollout.predictors import PredictRequest, WorldModelPredictor
+from obsspec.rollout.scheduler import Sampling, Scheduler
+from obsspec.rollout.tools import EmulatedLatency, SandboxTool
+from obsspec.tokens import ChatFormat
+from obsspec.worldmodel import snapshot as S
+from test_rollout import COMMANDS, SANDBOX, Recording, assert_accounted, assert_lossless, tasks
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+@pytest.fixture(scope="module")
+def fmt():
+    return ChatFormat(ByteTokenizer())
+
+
+# ------------------------------------------------------------------------------ the snapshot
+
+
+def test_snapshot_is_deterministic_sorted_and_bounded(fmt):
+    task = builtin_task("dir-stats", 3)
+    entries = S.entries_from_files(task.files)
+    assert [e.path for e in entries] == sorted(e.path for e in entries)
+    text = S.render(entries, task.workdir)
+    assert text == S.render(S.entries_from_files(dict(reversed(task.files.items()))), task.workdir), \
+        "the snapshot depends on the order of the task's files"
+    for path, content in task.files.items():
+        assert f"{len(content.encode())} {path}" in text and content in text
+    full = S.snapshot_ids(fmt, text, 32768)
+    assert S.TRUNCATED not in fmt.decode(full) and fmt.decode(full).startswith(S.OPEN)
+    for budget in (64, 200, 333):
+        ids = S.snapshot_ids(fmt, text, budget)
+        assert len(ids) == budget, "a cut snapshot uses its budget, never more"
+        assert S.TRUNCATED in fmt.decode(ids) and fmt.decode(ids).endswith(S.CLOSE)
+        assert ids == S.snapshot_ids(fmt, text, budget)
+    big = {f"f{i:03d}.txt": "x" * 5000 if i % 2 else "y\n" for i in range(50)}
+    listed = S.render(S.entries_from_files(big), "/app")
+    assert "5000 f001.txt" in listed and "x" * 5000 not in listed, "a large file's contents were shown"
+    assert "==> f000.txt <==\ny\n" in listed
+
+
+@needs_bwrap
+def test_capture_after_setup_and_files_only_agree_with_the_sandbox():
+    plain = builtin_task("dir-stats", 3)
+    assert not plain.setup
+    assert asyncio.run(S.capture_entries(plain, SANDBOX)) == S.entries_from_files(plain.files), \
+        "the snapshot of a setup-less task is not what its sandbox holds"
+    made = builtin_task("find-by-size", 1)  # all its files come from setup
+    assert made.setup and not made.files
+    entries = asyncio.run(S.workspace_entries(made, SANDBOX))
+    assert entries and any(e.size > 0 for e in entries)
+    harbor = {t.task_id: t for t in import_harbor("tasks/harbor-examples").tasks}
+    words = next(t for t in harbor.values() if "setup.sh" not in t.files and t.setup)
+    text = S.render(asyncio.run(S.workspace_entries(words, SANDBOX)), words.workdir)
+    assert "==> docs/a.txt <==\nthe quick brown fox\njumps over\n" in text, text
+
+
+# ------------------------------------------------------------------ the world model's request
+
+
+class FakeWorldModel:
+    """Records every request; answers `answers[prompt without the snapshot]` when the prompt
+    starts with the snapshot the task should have, else a wrong body."""
+
+    def __init__(self, tok, answers=None, snapshots=None):
+        self.tok, self.answers, self.snapshots = tok, answers or {}, snapshots or {}
+        self.prompts: list[tuple[int, ...]] = []
+
+    async def generate(self, request):
+        prompt = tuple(request.prompt_ids)
+        self.prompts.append(prompt)
+        body = "wrong\n(exit_code=0)"
+        for snap in self.snapshots.values():
+            if prompt[:len(snap)] == tuple(snap) and prompt[len(snap):] in self.answers:
+                body = self.answers[prompt[len(snap):]]
+        ids = tuple(self.tok.encode(body + chat.OBS_CLOSE))
+        return Generation(request.request_id, ids, (0.0,) * len(ids), "stop")
+
+
+def test_prefix_reaches_the_request_when_on_and_not_when_off(fmt):
+    task = builtin_task("dir-stats", 3)
+    context = tuple(fmt.wm_prompt_ids(fmt.prompt_ids(task.instruction), fmt.action_ids(chat.render_bash("ls"))))
+    request = PredictRequest(task.content_hash(), task.task_id, 0, 0, ("ls",), context, task)
+    off = FakeWorldModel(fmt.tokenizer)
+    asyncio.run(WorldModelPredictor(off, fmt, cap=512).predict(request))
+    assert off.prompts == [context], "with the switch off the request is not the context itself"
+    on = FakeWorldModel(fmt.tokenizer)
+    snaps = S.WorkspaceSnapshots(fmt, 300, SANDBOX)
+    asyncio.run(WorldModelPredictor(on, fmt, cap=512, snapshots=snaps).predict(request))
+    expected = asyncio.run(S.workspace_snapshot(task, fmt, 300, SANDBOX))
+    assert on.prompts == [tuple(expected) + context], "the snapshot is not ahead of the context"
+    with pytest.raises(ValueError, match="needs each request's task"):
+        asyncio.run(WorldModelPredictor(on, fmt, cap=512, snapshots=snaps).predict(
+            PredictRequest("", "", 0, 0, ("ls",), context)))
+
+
+# ---------------------------------------------------------------- rollouts with the switch on
+
+SAMPLING = Sampling(max_turns=4, max_new_tokens=400, max_context=6000, seed=5)
+
+
+def rollout(task_list, speculative, predictor=None):
+    tok = ByteTokenizer()
+    fmt = ChatFormat(tok)
+    bus = EventBus()
+    rec = Recording()
+    bus.subscribe(rec)
+    sched = Scheduler(ScriptedPolicy(tok, COMMANDS), fmt, bus, SAMPLING, cap=SANDBOX.output_cap, predictor=predictor)
+    episodes = [t for t in task_list for _ in range(2)]  # GRPO groups of two: one prefix each
+    make_tool = lambda task, episode: SandboxTool(task, episode, SANDBOX, EmulatedLatency("fixed", 0.05))
+    return asyncio.run(sched.run_batch(episodes, make_tool, speculative)), rec
+
+
+@needs_bwrap
+def test_switch_on_is_lossless_and_rows_cases_and_drafts_agree(fmt):
+    ts = tasks(3)
+    seq, _ = rollout(ts, speculative=False)
+    answers = {c.prompt_ids: c.body for c in trajectory_cases(fmt, seq)}
+    snaps = S.WorkspaceSnapshots(fmt, 400, SANDBOX)
+    table = asyncio.run(snaps.table(ts))
+    wm = FakeWorldModel(fmt.tokenizer, answers, table)
+    spec, rec = rollout(ts, speculative=True, predictor=WorldModelPredictor(wm, fmt, cap=SANDBOX.output_cap,
+                                                                             snapshots=snaps))
+    assert_lossless(seq, spec)
+    assert_accounted(rec)
+    assert rec.kinds()["match"] > 0, "no draft matched: the snapshot did not reach the world model"
+    assert len({tuple(v) for v in table.values()}) == len(ts) and all(len(v) <= 400 for v in table.values())
+    # One prompt construction: each training row's target starts right after the very prompt the
+    # rollout's world model was given, and each evaluation case has that prompt too.
+    rows = trajectory_examples(spec, 10**6, snaps.prefixes(spec))
+    cases = trajectory_cases(fmt, spec, table)
+    assert len(rows) == len(spec)
+    contexts = []
+    for row in rows:
+        m = row["completion_mask"]
+        contexts += [tuple(row["input_ids"][:i]) for i in range(1, len(m)) if m[i] and not m[i - 1]]
+    assert contexts == [c.prompt_ids for c in cases]
+    assert set(contexts) <= set(wm.prompts), "a training context is not what the rollout's world model saw"
+    assert all(c[:len(table[tr.task_id])] == tuple(table[tr.task_id])
+               for tr in spec for c in [c.prompt_ids for c in trajectory_cases(fmt, [tr], table)])
+    assert all(sum(r["completion_mask"][:len(table[tr.task_id])]) == 0 for r, tr in zip(rows, spec)), \
+        "the snapshot became a training target"
+
+
+def test_rows_without_prefixes_are_as_before(fmt):
+    seq_like = [type("T", (), {"ids": [1, 2, 3, 4], "wm_mask": [0, 0, 1, 1], "task_id": "t"})()]
+    assert trajectory_examples(seq_like, 100) == [{"input_ids": [1, 2, 3, 4], "completion_mask": [0, 0, 1, 1]}]
+    assert trajectory_examples(seq_like, 100, [[9, 9]]) == \
+        [{"input_ids": [9, 9, 1, 2, 3, 4], "completion_mask": [0, 0, 0, 0, 1, 1]}]
+    assert trajectory_examples(seq_like, 5, [[9, 9]]) == [], "a row over max_length with its prefix was kept"
+    with pytest.raises(ValueError, match="2 snapshot prefixes for 1 trajectories"):
+        trajectory_examples(seq_like, 100, [[], []])
+
+
+# ------------------------------------------------------------------------------------ recipe
+
+
+def test_recipe_switch_and_its_checks():
+    rec = load_recipe("recipes/tiny-cpu.yaml", ["world_model.workspace_snapshot=true", "policy.max_context=1536"])
+    assert rec.world_model.workspace_snapshot and rec.world_model.snapshot_tokens == 512
+    assert not load_recipe("recipes/tiny-cpu.yaml").world_model.workspace_snapshot, "the switch is on by default"
+    with pytest.raises(ConfigError, match=r"snapshot_tokens \(512\) \+ policy.max_context \(2048\) exceed"):
+        load_recipe("recipes/tiny-cpu.yaml", ["world_model.workspace_snapshot=true"])
+    with pytest.raises(ConfigError, match="snapshot_tokens must be between 64 and 32768"):
+        load_recipe(None, ["world_model.snapshot_tokens=0"])
+    with pytest.raises(ConfigError, match="leaves no room in wm_train.max_length"):
+        load_recipe(None, ["world_model.workspace_snapshot=true", "world_model.model=some/hub-model",
+                           "world_model.snapshot_tokens=4096"])
+
+
+# ------------------------------------------------------------------ train-worldmodel's data
+
+
+def test_data_finds_the_tasks_and_puts_the_snapshot_ahead_of_rows_and_cases(fmt, tmp_path):
+    import json
+
+    from obsspec.rollout.trajectory import Trajectory, Turn
+    from obsspec.worldmodel import data
+
+    a, b = builtin_task("dir-stats", 1), builtin_task("count-lines", 2)
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "train.jsonl").write_text(json.dumps(a.to_dict()) + "\n")
+    steps = [{"command": c, "observation": f"out {i}\n(exit_code=0)", "exit_code": 0}
+             for i, c in enumerate(a.solution)]
+    (suite / "trajectories.jsonl").write_text(json.dumps(
+        {"task_id": a.task_id, "instruction": a.instruction, "steps": steps}) + "\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "episodes.jsonl").write_text(json.dumps({"episode": 0, "task": b.to_dict()}) + "\n")
+    tr = Trajectory.start(0, b.task_id, fmt.prompt_ids(b.instruction))
+    action = fmt.action_ids(chat.render_bash("ls"))
+    tr.append_action(action, [0.0] * len(action))
+    ids, span = fmt.observation_ids("x\n(exit_code=0)")
+    tr.append_observation(ids, span, len(fmt.obs_close_ids))
+    tr.turns.append(Turn(chat.render_bash("ls"), "bash", "ls", "x\n(exit_code=0)", 0, 0.1))
+    (run / "trajectories-sequential.jsonl").write_text(json.dumps(tr.to_dict()) + "\n")
+
+    sources = [str(suite), str(run)]
+    episodes = data.load_episodes(sources)
+    tasks = data.source_tasks(sources)
+    assert set(tasks) == {a.task_id, b.task_id}
+    table = data.snapshot_table(fmt, episodes, tasks, 256, SANDBOX)
+    off, _ = data.examples(fmt, episodes, 10**6)
+    on, _ = data.examples(fmt, episodes, 10**6, table)
+    for e, x, y in zip(episodes, off, on):
+        prefix = table[e.task_id]
+        assert y["input_ids"] == prefix + x["input_ids"], "the snapshot is not ahead of the row"
+        assert y["completion_mask"] == [0] * len(prefix) + x["completion_mask"]
+    cases_off, _ = data.eval_cases(fmt, episodes)
+    cases_on, _ = data.eval_cases(fmt, episodes, table)
+    assert len(cases_on) == len(cases_off) == len(a.solution) + 1
+    assert all(y.prompt_ids[-len(x.prompt_ids):] == x.prompt_ids and len(y.prompt_ids) > len(x.prompt_ids)
+               for x, y in zip(cases_off, cases_on))
+    with pytest.raises(data.DataError, match=f"needs each episode's task, and '{b.task_id}' has none"):
+        data.snapshot_table(fmt, episodes, {a.task_id: a}, 256, SANDBOX)
+
+
+def test_a_budget_that_does_not_fit_is_one_line_from_the_cli():
+    from test_cli import cli
+
+    for command in (["validate"], ["rollout", "--display", "none"], ["train-worldmodel", "--display", "none"]):
+        r = cli(*command, "recipes/tiny-cpu.yaml", "world_model.workspace_snapshot=true")
+        assert r.returncode == 2, (command, r.stderr[-500:])
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "exceed the tiny world model's positions" in lines[0], r.stderr

@@ -285,3 +285,32 @@ def test_one_cotraining_worker_trains_every_version_and_a_failed_job_keeps_it_al
     assert co.store.get(2).meta()["step"] == 3          # step 2's job failed: version 2 is step 3's
     co.close()
     assert worker.proc.poll() is not None
+
+
+def test_cotraining_rows_carry_the_workspace_snapshot_the_predictor_uses(fmt, tmp_path):
+    """world_model.workspace_snapshot: the rows co-training trains on start with the same prefix
+    the predictor puts ahead of the world model's context (and without it, they do not)."""
+    import json
+
+    from obsspec.training.cotrain import CoTrainer
+
+    class Snapshots:
+        def prefixes(self, trajectories):
+            return [[7, 8, 9] for _ in trajectories]
+
+    class Predictor:
+        adapter = None
+        snapshots = None
+
+    recipe = load_recipe("recipes/tiny-cpu.yaml")
+    result = StepRollouts(1, [episode(fmt, 0, 1.0)], {})
+    firsts = {}
+    for on in (False, True):
+        predictor = Predictor()
+        predictor.snapshots = Snapshots() if on else None
+        co = CoTrainer(recipe, "unused", None, predictor, str(tmp_path / str(on)), None)
+        co.start = lambda step, rows_path: firsts.__setitem__(on, json.loads(open(rows_path).readline()))
+        co.after_rollouts(result)
+    assert firsts[True]["input_ids"][:3] == [7, 8, 9]
+    assert firsts[True]["input_ids"][3:] == firsts[False]["input_ids"]
+    assert firsts[True]["completion_mask"][3:] == firsts[False]["completion_mask"]

@@ -95,7 +95,9 @@ class CoTrainer:
         if result.step % self.every:
             return
         self.finish()
-        rows = trajectory_examples(result.trajectories, self.recipe.wm_train.max_length)
+        snapshots = getattr(self.predictor, "snapshots", None)  # world_model.workspace_snapshot
+        prefixes = snapshots.prefixes(result.trajectories) if snapshots is not None else None
+        rows = trajectory_examples(result.trajectories, self.recipe.wm_train.max_length, prefixes)
         if not rows:
             return
         os.makedirs(self.work, exist_ok=True)

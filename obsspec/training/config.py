@@ -88,11 +88,10 @@ class TrainConfig:
         """The PEFT LoraConfig of the policy adapter, or None (full fine-tuning)."""
         if not self.policy_lora_rank:
             return None
-        from peft import LoraConfig
+        from obsspec.worldmodel.train import peft_lora
 
-        return LoraConfig(r=self.policy_lora_rank, lora_alpha=self.policy_lora_alpha or 2 * self.policy_lora_rank,
-                          lora_dropout=0.0, target_modules=list(self.policy_lora_targets), bias="none",
-                          task_type="CAUSAL_LM")
+        return peft_lora(self.policy_lora_rank, self.policy_lora_alpha or 2 * self.policy_lora_rank,
+                         self.policy_lora_targets)
 
     @property
     def episodes_per_step(self) -> int:

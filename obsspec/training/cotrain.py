@@ -42,13 +42,12 @@ class Worker:
                                          env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=log, text=True)
 
-    def submit(self, job: dict) -> bool:
+    def submit(self, job: dict) -> None:
         try:
             self.proc.stdin.write(json.dumps(job) + "\n")
             self.proc.stdin.flush()
-            return True
-        except (BrokenPipeError, OSError):
-            return False
+        except OSError:  # a dead worker: `reply` reports it with the end of its log
+            pass
 
     def reply(self) -> dict:
         """The running job's reply; a worker that died says so, with the end of its log."""
@@ -120,7 +119,7 @@ class CoTrainer:
         os.makedirs(self.work, exist_ok=True)
         if self._worker is None:
             self._worker = Worker(self.base_path, os.path.join(self.work, "worker.log"))
-        self._worker.submit(job)   # a dead worker shows in its reply
+        self._worker.submit(job)
         self._job = (step, out, time.monotonic())
 
     # -- the swap --------------------------------------------------------------------------------

@@ -25,10 +25,15 @@ from obsspec.worldmodel.config import WorldModelTrainConfig
 
 
 def lora_config(cfg: WorldModelTrainConfig):
+    return peft_lora(cfg.rank, cfg.alpha, cfg.target_modules, cfg.dropout)
+
+
+def peft_lora(rank: int, alpha: int, target_modules, dropout: float = 0.0):
+    """The PEFT LoraConfig obsspec trains (the world model's adapters and a policy LoRA alike)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                      target_modules=list(cfg.target_modules), bias="none", task_type="CAUSAL_LM")
+    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                      target_modules=list(target_modules), bias="none", task_type="CAUSAL_LM")
 
 
 def check_targets(base_model: Any, cfg: WorldModelTrainConfig) -> None:

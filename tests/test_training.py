@@ -5,6 +5,7 @@ Run: .venv/bin/python -m pytest -q tests/test_training.py
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -314,3 +315,27 @@ def test_cotraining_rows_carry_the_workspace_snapshot_the_predictor_uses(fmt, tm
     assert firsts[True]["input_ids"][:3] == [7, 8, 9]
     assert firsts[True]["input_ids"][3:] == firsts[False]["input_ids"]
     assert firsts[True]["completion_mask"][3:] == firsts[False]["completion_mask"]
+
+
+def test_cotraining_continues_from_the_adapter_the_run_started_with(tmp_path):
+    """world_model.adapter: the first co-trained version continues from the user's adapter (not
+    a fresh one on the base); later versions continue from the version in use."""
+    from obsspec.training.cotrain import CoTrainer
+
+    class Worker:
+        jobs: list = []
+
+        def submit(self, job):
+            self.jobs.append(job)
+
+    recipe = load_recipe("recipes/tiny-cpu.yaml")
+    for initial in (None, str(tmp_path / "given" / "v3")):
+        co = CoTrainer(recipe, "unused", None, _Predictor(), str(tmp_path / str(bool(initial))), None,
+                       initial=initial)
+        co._worker = Worker()
+        co.start(1, "rows.jsonl")
+        assert Worker.jobs[-1]["init"] == initial
+        co.version = 1  # the first job's adapter is published and serving
+        co.store.get = lambda version: SimpleNamespace(path=f"/published/v{version}")
+        co.start(2, "rows.jsonl")
+        assert Worker.jobs[-1]["init"] == "/published/v1"

@@ -2,7 +2,8 @@
 
 After a step's rollouts, its fresh (context -> real observation) pairs — the rollouts' own token
 ids, loss on observation bodies + closing tags (`warmstart.trajectory_examples`) — train the
-adapter further, continuing from the version in use. Training runs in one long-lived worker
+adapter further, continuing from the version in use (the first one from the recipe's
+`world_model.adapter` when it names one, else a fresh adapter on the base). Training runs in one long-lived worker
 process (`python -m obsspec.training.cotrain`), which imports the libraries and loads the base
 model once and then trains one adapter per job: it runs alongside the policy's GRPO update instead
 of after it, and it is its own single-process job even when the trainer is distributed. Before the
@@ -75,10 +76,13 @@ class Worker:
 
 
 class CoTrainer:
-    def __init__(self, recipe, base_path: str, engine, predictor, out_dir: str, display):
+    def __init__(self, recipe, base_path: str, engine, predictor, out_dir: str, display,
+                 initial: str | None = None):
+        """`initial`: the adapter the run started with (`world_model.adapter`), which the first
+        version continues from; None = the first version is a fresh adapter on the base."""
         from obsspec.worldmodel.adapters import AdapterStore
 
-        self.recipe, self.base_path, self.engine = recipe, base_path, engine
+        self.recipe, self.base_path, self.engine, self.initial = recipe, base_path, engine, initial
         self.predictor, self.display = predictor, display
         self.every = recipe.train.cotrain_every
         self.store = AdapterStore(os.path.join(out_dir, "world_model", "adapters"))
@@ -115,7 +119,7 @@ class CoTrainer:
         cfg = dataclasses.replace(self.recipe.wm_train, epochs=self.recipe.train.cotrain_epochs, max_steps=0)
         current = self.store.get(self.version) if self.version is not None else None
         job = {"rows": rows_path, "out": out, "config": dataclasses.asdict(cfg),
-               "init": current.path if current is not None else None}
+               "init": current.path if current is not None else self.initial}
         os.makedirs(self.work, exist_ok=True)
         if self._worker is None:
             self._worker = Worker(self.base_path, os.path.join(self.work, "worker.log"))

@@ -86,7 +86,8 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
     if speculative and t.cotrain_every and state.is_main_process:
         from obsspec.training.cotrain import CoTrainer
 
-        cotrainer = CoTrainer(recipe, wm_path, wm_engine, _inner(predictor), out_dir, display)
+        cotrainer = CoTrainer(recipe, wm_path, wm_engine, _inner(predictor), out_dir, display,
+                              initial=adapter.path if adapter is not None else None)
         rollouts.before_rollouts.append(cotrainer.before_rollouts)
         rollouts.after_rollouts.append(cotrainer.after_rollouts)
     return TrainingRun(recipe, out_dir, state, train, val, model, policy_engine, wm_engine, tokenizer,

@@ -29,6 +29,7 @@ from obsspec.models.evaluate import (evaluate_world_model, reference_cases, roll
 from obsspec.rollout.scheduler import Sampling
 from obsspec.models.tokenizer import CALL_TAGS, SPECIAL, TOOL_TAGS, corpus_texts, train_tokenizer
 from obsspec.tokens import ChatFormat
+from obsspec.ui.display import NullDisplay
 
 TINY_MODEL = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                              intermediate_size=64, epochs=1.0, learning_rate=1e-2, batch_size=2)
@@ -315,6 +316,49 @@ def test_the_cache_key_follows_config_and_corpus(tmp_path):
     shutil.rmtree(tmp_path / "a")
     with pytest.raises(TaskNotFound, match="prepare-tasks"):
         kit.ensure_kit(str(tmp_path / "a"), str(tmp_path / "cache"), TINY, SANDBOX, SAMPLING)
+
+
+def test_with_the_workspace_snapshot_the_world_model_base_learns_with_it_ahead_of_every_row(tmp_path, monkeypatch):
+    """world_model.workspace_snapshot with the kit's world model: the base is pre-trained on rows
+    that start with each task's snapshot (never a target), as the rollout's drafts will; its
+    cache key differs from the kit without it, which keeps the key it always had."""
+    from obsspec.env.task import Task
+    from obsspec.worldmodel import snapshot
+
+    suite = write_suite(tmp_path / "suite")
+    tasks = {r["task_id"]: Task(r["task_id"], "count-lines", r["instruction"], [], "true",
+                                files={f"data/f{i}.txt": "x\n" * (i + 1)}) for i, r in enumerate(ROWS)}
+    for split in ("train", "val"):
+        with open(os.path.join(suite, f"{split}.jsonl"), "w") as f:
+            f.writelines(json.dumps(t.to_dict()) + "\n" for r, t in zip(ROWS, tasks.values())
+                         if r["split"] == split)
+    assert kit.kit_key(suite, TINY, SANDBOX, SAMPLING, 0) == kit.kit_key(suite, TINY, SANDBOX, SAMPLING)
+    assert kit.kit_key(suite, TINY, SANDBOX, SAMPLING, 128) != kit.kit_key(suite, TINY, SANDBOX, SAMPLING)
+    seen = {}
+
+    def train(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display):
+        seen[name] = (tok, train_rows, eval_rows)
+        return {"steps": 0}
+
+    monkeypatch.setattr(warmstart, "train", train)
+    for budget in (0, 128):
+        report = kit.build_kit(suite, str(tmp_path / f"kit{budget}"), TINY, SANDBOX, SAMPLING, NullDisplay(),
+                               snapshot_tokens=budget)
+        tok, train_rows, eval_rows = seen["world_model"]
+        fmt = ChatFormat(tok)
+        rows = train_rows + eval_rows
+        by_task = [r["task_id"] for r in ROWS if r["split"] == "train"] + \
+                  [r["task_id"] for r in ROWS if r["split"] == "val"]
+        assert len(rows) == len(by_task) == 8
+        for row, task_id in zip(rows, by_task):
+            t = tasks[task_id]
+            prefix = snapshot.snapshot_ids(fmt, snapshot.render(snapshot.entries_from_files(t.files), t.workdir),
+                                           128) if budget else []
+            assert row["input_ids"][:len(prefix)] == prefix and not any(row["completion_mask"][:len(prefix)])
+            assert ("<workspace>" in fmt.decode(row["input_ids"])) == bool(budget)
+        assert ("workspace_snapshot" in report) == bool(budget)
+        if budget:  # each row has its own task's workspace (val row 0 is ROWS[6]'s task)
+            assert "data/f6.txt" in fmt.decode(eval_rows[0]["input_ids"][:128])
 
 
 def test_kit_config_rejects_impossible_shapes():

@@ -224,7 +224,7 @@ async def _main_async(args) -> dict:
     from obsspec.config import load_recipe
     from obsspec.engines.hf import HFEngine
     from obsspec.env.suite import load_tasks, spread
-    from obsspec.models.kit import ensure_kit, read_trajectories
+    from obsspec.models.kit import kit_for, read_trajectories
     from obsspec.models.tiny import load_pretrained
     from obsspec.rollout.config import sampling
     from obsspec.ui.display import make_display
@@ -239,8 +239,7 @@ async def _main_async(args) -> dict:
     episodes = [t for t in tasks for _ in range(args.group_size)]
     names = [n for n in args.policies.split(",") if n]
     settings = sampling(recipe.policy, recipe.rollout.seed)
-    paths = ensure_kit(args.tasks_dir, recipe.rollout.kit_cache if args.cache is None else args.cache,
-                       recipe.kit, recipe.sandbox, settings, display) \
+    paths = kit_for(recipe, args.tasks_dir, display, cache_dir=args.cache) \
         if {"untrained", "warm"} & set(names) or args.world_model == "kit" else None
     results: dict = {"command": " ".join(["python -m obsspec.models.evaluate", *args.argv]),
                      "kit": paths.root if paths else None, "sampling": settings.__dict__}
@@ -261,13 +260,19 @@ async def _main_async(args) -> dict:
         rows = spread(rows, args.limit) if args.limit else rows
         model, tokenizer = load_pretrained(paths.world_model if args.world_model == "kit" else args.world_model)
         fmt = ChatFormat(tokenizer)
-        sources = {"reference": reference_cases(fmt, rows)}
+        snapshots = None
+        if recipe.world_model.workspace_snapshot:  # the prefix the rollout's drafts have
+            from obsspec.worldmodel.snapshot import WorkspaceSnapshots
+
+            snapshots = await WorkspaceSnapshots(fmt, recipe.world_model.snapshot_tokens,
+                                                 recipe.sandbox).table(load_tasks(args.tasks_dir))
+        sources = {"reference": reference_cases(fmt, rows, snapshots)}
         if trajectories:
-            sources[f"rollouts_{_slug(names[-1])}"] = trajectory_cases(fmt, trajectories)
+            sources[f"rollouts_{_slug(names[-1])}"] = trajectory_cases(fmt, trajectories, snapshots)
         for path in args.rollouts:
             with open(path) as f:
                 recorded = [Trajectory.from_dict(json.loads(line)) for line in f if line.strip()]
-            sources[f"rollouts_{_slug(path)}"] = trajectory_cases(fmt, recorded)
+            sources[f"rollouts_{_slug(path)}"] = trajectory_cases(fmt, recorded, snapshots)
         async with HFEngine(model, tokenizer, batch_invariant=False) as engine:
             for name, cases in sources.items():
                 results[f"world_model_{name}"] = await evaluate_world_model(

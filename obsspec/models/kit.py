@@ -1,6 +1,6 @@
 """`ensure_kit`: build the tiny local models once, then reuse them from a cache.
 
-    paths = ensure_kit("runs/tasks", ".cache/kit", recipe.kit, recipe.sandbox, sampling, display)
+    paths = kit_for(recipe, "runs/tasks", display)   # or ensure_kit(tasks_dir, cache, kit, sandbox, sampling)
     model, tokenizer = load_pretrained(paths.policy)
 
 Run: python -m obsspec.models.kit TASKS_DIR [kit.key=value ...] [--recipe recipes/tiny-cpu.yaml]
@@ -14,9 +14,12 @@ read, and only its train split is trained on):
    settings), kept in `rollouts.jsonl`: the world model must know this policy's commands, its
    failures and their error messages, not only reference solutions;
 4. the world-model base: a tiny Qwen3 pre-trained to write the real observations of the
-   reference trajectories and of those rollouts (loss on observation bodies only).
+   reference trajectories and of those rollouts (loss on observation bodies only); with the
+   recipe's `world_model.workspace_snapshot`, each row has its task's snapshot ahead of it, as
+   the rollout's drafts will (`kit_for` passes `snapshot_tokens`; 0 = without).
 Each lands in an ordinary model folder (weights + config + tokenizer) under
-`cache_dir/kit-<key>/`, where key = sha256 of (kit format, config, sha256 of trajectories.jsonl):
+`cache_dir/kit-<key>/`, where key = sha256 of (kit format, config, sha256 of trajectories.jsonl,
+the sampling and sandbox of the rollouts, the snapshot budget):
 a second call with the same inputs returns at once, and any change builds a fresh kit. A kit is
 built in a temporary folder and renamed into place, so a crash never leaves a half kit behind.
 `kit.json` there records the config, sizes, losses and timings.
@@ -63,7 +66,8 @@ class KitPaths:
             return json.load(f)
 
 
-def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling) -> str:
+def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling,
+            snapshot_tokens: int = 0) -> str:
     corpus = {}
     for name in (TRAJECTORIES, TRAIN_TASKS) if cfg.rollouts else (TRAJECTORIES,):
         with open(os.path.join(tasks_dir, name), "rb") as f:
@@ -71,27 +75,43 @@ def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sa
     # The policy's rollouts depend on how it samples and on the sandbox it runs in.
     rollouts = {"sandbox": dataclasses.asdict(sandbox), "sampling": dataclasses.asdict(sampling)} \
         if cfg.rollouts else None
-    blob = json.dumps({"format": KIT_FORMAT, "config": dataclasses.asdict(cfg), "corpus": corpus,
-                       "rollouts": rollouts}, sort_keys=True)
+    key = {"format": KIT_FORMAT, "config": dataclasses.asdict(cfg), "corpus": corpus, "rollouts": rollouts}
+    if snapshot_tokens:  # (absent when off: kits built before the switch keep their key)
+        key["snapshot_tokens"] = snapshot_tokens
+    blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def kit_for(recipe, tasks_dir: str, display: Display | None = None, cache_dir: str | None = None) -> KitPaths:
+    """The kit a recipe uses (`ensure_kit` with its sections): its policy's sampling for the
+    kit's rollouts, and its world model's snapshot budget when that model is the kit's."""
+    from obsspec.rollout.config import sampling
+
+    wm = recipe.world_model
+    return ensure_kit(tasks_dir, recipe.rollout.kit_cache if cache_dir is None else cache_dir, recipe.kit,
+                      recipe.sandbox, sampling(recipe.policy, recipe.rollout.seed), display,
+                      snapshot_tokens=wm.snapshot_tokens if wm.workspace_snapshot and wm.model == "tiny" else 0)
+
+
 def ensure_kit(tasks_dir: str, cache_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
-               sampling: Sampling, display: Display | None = None) -> KitPaths:
-    """The kit for this suite and config: from the cache, or built now (minutes on 2 CPU cores)."""
+               sampling: Sampling, display: Display | None = None, snapshot_tokens: int = 0) -> KitPaths:
+    """The kit for this suite and config: from the cache, or built now (minutes on 2 CPU cores).
+    `snapshot_tokens` > 0: the world-model base learns with each task's workspace snapshot (of
+    that many tokens at most) ahead of its rows."""
     display = display or NullDisplay()
     if not os.path.exists(os.path.join(tasks_dir, TRAJECTORIES)):
         from obsspec.env.suite import TaskNotFound  # a user error: the CLI prints one line
 
         raise TaskNotFound(f"{tasks_dir}: no {TRAJECTORIES} (run `obsspec prepare-tasks` first)")
-    paths = KitPaths.under(os.path.join(cache_dir, f"kit-{kit_key(tasks_dir, cfg, sandbox, sampling)[:16]}"))
+    key = kit_key(tasks_dir, cfg, sandbox, sampling, snapshot_tokens)
+    paths = KitPaths.under(os.path.join(cache_dir, f"kit-{key[:16]}"))
     if os.path.exists(paths.report):
         display.log(f"tiny model kit: cached at {paths.root}")
         return paths
     os.makedirs(cache_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".building-", dir=cache_dir)
     try:
-        build_kit(tasks_dir, tmp, cfg, sandbox, sampling, display)
+        build_kit(tasks_dir, tmp, cfg, sandbox, sampling, display, snapshot_tokens)
         try:
             os.rename(tmp, paths.root)
         except OSError:  # another process finished the same kit first: theirs is as good
@@ -108,7 +128,7 @@ def read_trajectories(tasks_dir: str) -> list[dict]:
 
 
 def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
-              sampling: Sampling, display: Display) -> dict:
+              sampling: Sampling, display: Display, snapshot_tokens: int = 0) -> dict:
     """Train tokenizer, policy and world-model base into `out_dir`; return (and write) the report."""
     from obsspec.models import tiny, warmstart
     from obsspec.models.tokenizer import corpus_texts, train_tokenizer
@@ -145,14 +165,21 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     val_ex, _ = warmstart.examples(fmt, val_rows, "policy", cfg.max_length)
     policy = train("policy", cfg.policy, train_ex, val_ex, dropped, paths.policy)
 
-    wm_train, dropped = warmstart.examples(fmt, train_rows, "world_model", cfg.max_length)
-    wm_val, _ = warmstart.examples(fmt, val_rows, "world_model", cfg.max_length)
+    snapshots = _snapshots(fmt, tasks_dir, snapshot_tokens, sandbox) if snapshot_tokens else None
+    if snapshots is not None:
+        report["workspace_snapshot"] = {"tokens": snapshot_tokens, "tasks": len(snapshots),
+                                        "mean_tokens": round(sum(map(len, snapshots.values()))
+                                                             / max(len(snapshots), 1), 1)}
+    wm_train, dropped = warmstart.examples(fmt, train_rows, "world_model", cfg.max_length, snapshots)
+    wm_val, _ = warmstart.examples(fmt, val_rows, "world_model", cfg.max_length, snapshots)
     if cfg.rollouts:
         t1 = time.monotonic()
         trajectories = _policy_rollouts(policy, tokenizer, fmt, tasks_dir, cfg, sandbox, sampling, display)
         with open(paths.rollouts, "w") as f:
             f.writelines(json.dumps(tr.to_dict(), sort_keys=True) + "\n" for tr in trajectories)
-        from_rollouts = warmstart.trajectory_examples(trajectories, cfg.max_length)
+        from_rollouts = warmstart.trajectory_examples(
+            trajectories, cfg.max_length,
+            [snapshots[t.task_id] for t in trajectories] if snapshots is not None else None)
         report["rollouts"] = {"episodes": len(trajectories), "examples": len(from_rollouts),
                               "success_frac": round(sum(t.reward == 1.0 for t in trajectories)
                                                     / max(len(trajectories), 1), 4),
@@ -167,14 +194,29 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     return report
 
 
+def _snapshots(fmt, tasks_dir: str, budget: int, sandbox: SandboxConfig) -> dict[str, list[int]]:
+    """task_id -> workspace snapshot ids for every task of the suite (train and val)."""
+    from obsspec.env.suite import load_tasks
+    from obsspec.worldmodel.snapshot import WorkspaceSnapshots
+
+    return _run_apart(WorkspaceSnapshots(fmt, budget, sandbox).table(load_tasks(tasks_dir)))
+
+
+def _run_apart(coro):
+    """Run `coro` to the end in an event loop of its own, in a thread of its own: ensure_kit is
+    also called from async code."""
+    import asyncio
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def _policy_rollouts(policy, tokenizer, fmt, tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
                      sampling: Sampling, display: Display):
     """`cfg.rollouts` sampled episodes of the warm-started policy on train tasks spread over the
     split, through the same episode loop as every rollout (the engine's fast batched mode: these
     are training data, not a losslessness check)."""
-    import asyncio
-    import concurrent.futures
-
     from obsspec.engines.hf import HFEngine
     from obsspec.env.suite import load_tasks, spread
     from obsspec.models.evaluate import rollout_tasks
@@ -187,16 +229,13 @@ def _policy_rollouts(policy, tokenizer, fmt, tasks_dir: str, cfg: KitConfig, san
                                        concurrency=cfg.rollout_workers, display=display,
                                        label="policy rollouts for the world model")
 
-    # A loop of its own in a thread of its own: ensure_kit is also called from async code.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, run()).result()
+    return _run_apart(run())
 
 
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from obsspec.config import load_recipe
-    from obsspec.rollout.config import sampling
     from obsspec.ui.display import make_display
 
     p = argparse.ArgumentParser(prog="python -m obsspec.models.kit", description=__doc__.split("\n")[0])
@@ -207,8 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--display", default="auto", choices=["auto", "rich", "plain", "none"])
     args = p.parse_args(argv)
     recipe = load_recipe(args.recipe, args.overrides)
-    paths = ensure_kit(args.tasks_dir, args.cache, recipe.kit, recipe.sandbox,
-                       sampling(recipe.policy, recipe.rollout.seed), make_display(args.display))
+    paths = kit_for(recipe, args.tasks_dir, make_display(args.display), cache_dir=args.cache)
     print(json.dumps({**dataclasses.asdict(paths), "report": paths.read_report()}, indent=2))
 
 

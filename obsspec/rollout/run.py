@@ -64,11 +64,9 @@ def model_paths(recipe: Recipe, display: Display) -> tuple[str, str]:
     """Policy and world-model locations; builds the tiny kit when either is 'tiny'."""
     policy, wm = recipe.policy.model, recipe.world_model.model
     if "tiny" in (policy, wm):
-        from obsspec.models.kit import ensure_kit
+        from obsspec.models.kit import kit_for
 
-        tasks_dir = recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks")
-        kit = ensure_kit(tasks_dir, recipe.rollout.kit_cache, recipe.kit, recipe.sandbox,
-                         sampling(recipe.policy, recipe.rollout.seed), display)
+        kit = kit_for(recipe, recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks"), display)
         policy = kit.policy if policy == "tiny" else policy
         wm = kit.world_model if wm == "tiny" else wm
     return policy, wm

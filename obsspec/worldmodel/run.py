@@ -33,12 +33,9 @@ def base_model_path(recipe: Recipe, display: Display) -> str:
     or hub name (any causal LM sharing the policy's tokenizer)."""
     if recipe.world_model.model != "tiny":
         return recipe.world_model.model
-    from obsspec.models.kit import ensure_kit
-    from obsspec.rollout.config import sampling
+    from obsspec.models.kit import kit_for
 
-    tasks_dir = recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks")
-    return ensure_kit(tasks_dir, recipe.rollout.kit_cache, recipe.kit, recipe.sandbox,
-                      sampling(recipe.policy, recipe.rollout.seed), display).world_model
+    return kit_for(recipe, recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks"), display).world_model
 
 
 def snapshot_table(fmt, recipe: Recipe, sources: list[str], episodes: list) -> dict | None:

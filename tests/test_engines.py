@@ -436,6 +436,37 @@ def test_adapters_load_replace_unload(model, tmp_path):
     assert list(replaced.token_ids) == v2_ref
 
 
+def test_adapters_that_cannot_be_served_merged_are_refused_and_the_engine_keeps_serving(model, tmp_path):
+    """The engine serves each version as merged weights: a DoRA adapter or one with trained
+    biases would be served wrong, so it is refused (one clear error), and what was served stays."""
+    from peft import LoraConfig, get_peft_model
+
+    from obsspec.engines.lora import AdapterLoadError
+
+    good = save_adapter(model, tmp_path / "good", seed=1)
+    for name, config in (("dora", LoraConfig(r=4, target_modules=["q_proj"], use_dora=True)),
+                         ("bias", LoraConfig(r=4, target_modules=["q_proj"], bias="lora_only"))):
+        get_peft_model(copy.deepcopy(model), config).save_pretrained(tmp_path / name)
+    p = prompt(9, start=4)
+    good_ref = reference_greedy(good, p, 20)
+
+    async def main():
+        async with HFEngine(copy.deepcopy(model)) as engine:
+            await engine.load_adapter("wm", tmp_path / "good")
+            errors = []
+            for name in ("dora", "bias"):
+                with pytest.raises(AdapterLoadError) as e:
+                    await engine.load_adapter("wm", tmp_path / name)
+                errors.append(str(e.value))
+            after = await engine.generate(GenerationRequest(p, max_new_tokens=20, temperature=0, adapter="wm"))
+            return errors, after
+
+    errors, after = run(main())
+    assert "use_dora=True cannot be served merged" in errors[0]
+    assert "bias='lora_only' cannot be served merged" in errors[1]
+    assert list(after.token_ids) == good_ref, "a refused adapter replaced the version served"
+
+
 def test_unknown_adapter_fails_only_that_request(model):
     async def main():
         async with HFEngine(model) as engine:

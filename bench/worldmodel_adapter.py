@@ -199,11 +199,12 @@ def main(argv=None) -> None:
     variants = ["off", "on"] if args.snapshot == "both" else [args.snapshot]
     table = None
     if "on" in variants:
-        tasks = {t.task_id: t for name in ("train.jsonl", "val.jsonl")
-                 for t in load_tasks(os.path.join(args.tasks, name))}
+        from obsspec.worldmodel.snapshot import WorkspaceSnapshots
+
+        tasks = {t.task_id: t for t in load_tasks(args.tasks)}  # train.jsonl + val.jsonl
         t0 = time.monotonic()
-        table = data.snapshot_table(fmt, train_eps + extra + held_eps, tasks,
-                                    recipe.world_model.snapshot_tokens, recipe.sandbox)
+        table = data.snapshot_table(train_eps + extra + held_eps, tasks,
+                                    WorkspaceSnapshots(fmt, recipe.world_model.snapshot_tokens, recipe.sandbox))
         snapshot_sec = round(time.monotonic() - t0, 1)
     runs = {}
     for v in variants:

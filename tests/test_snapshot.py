@@ -230,7 +230,7 @@ def test_data_finds_the_tasks_and_puts_the_snapshot_ahead_of_rows_and_cases(fmt,
     episodes = data.load_episodes(sources)
     tasks = data.source_tasks(sources)
     assert set(tasks) == {a.task_id, b.task_id}
-    table = data.snapshot_table(fmt, episodes, tasks, 256, SANDBOX)
+    table = data.snapshot_table(episodes, tasks, S.WorkspaceSnapshots(fmt, 256, SANDBOX))
     off, _ = data.examples(fmt, episodes, 10**6)
     on, _ = data.examples(fmt, episodes, 10**6, table)
     for e, x, y in zip(episodes, off, on):
@@ -243,7 +243,7 @@ def test_data_finds_the_tasks_and_puts_the_snapshot_ahead_of_rows_and_cases(fmt,
     assert all(y.prompt_ids[-len(x.prompt_ids):] == x.prompt_ids and len(y.prompt_ids) > len(x.prompt_ids)
                for x, y in zip(cases_off, cases_on))
     with pytest.raises(data.DataError, match=f"needs each episode's task, and '{b.task_id}' has none"):
-        data.snapshot_table(fmt, episodes, {a.task_id: a}, 256, SANDBOX)
+        data.snapshot_table(episodes, {a.task_id: a}, S.WorkspaceSnapshots(fmt, 256, SANDBOX))
 
 
 def test_a_budget_that_does_not_fit_is_one_line_from_the_cli():

@@ -227,6 +227,7 @@ async def _main_async(args) -> dict:
     from obsspec.models.kit import kit_for, read_trajectories
     from obsspec.models.tiny import load_pretrained
     from obsspec.rollout.config import sampling
+    from obsspec.rollout.run import workspace_snapshots
     from obsspec.ui.display import make_display
 
     display = make_display(args.display)
@@ -260,19 +261,18 @@ async def _main_async(args) -> dict:
         rows = spread(rows, args.limit) if args.limit else rows
         model, tokenizer = load_pretrained(paths.world_model if args.world_model == "kit" else args.world_model)
         fmt = ChatFormat(tokenizer)
-        snapshots = None
-        if recipe.world_model.workspace_snapshot:  # the prefix the rollout's drafts have
-            from obsspec.worldmodel.snapshot import WorkspaceSnapshots
-
-            snapshots = await WorkspaceSnapshots(fmt, recipe.world_model.snapshot_tokens,
-                                                 recipe.sandbox).table(load_tasks(args.tasks_dir))
-        sources = {"reference": reference_cases(fmt, rows, snapshots)}
-        if trajectories:
-            sources[f"rollouts_{_slug(names[-1])}"] = trajectory_cases(fmt, trajectories, snapshots)
+        recorded = {f"rollouts_{_slug(names[-1])}": trajectories} if trajectories else {}
         for path in args.rollouts:
             with open(path) as f:
-                recorded = [Trajectory.from_dict(json.loads(line)) for line in f if line.strip()]
-            sources[f"rollouts_{_slug(path)}"] = trajectory_cases(fmt, recorded, snapshots)
+                recorded[f"rollouts_{_slug(path)}"] = [Trajectory.from_dict(json.loads(line)) for line in f
+                                                       if line.strip()]
+        snapshots = None
+        builder = workspace_snapshots(fmt, recipe)
+        if builder is not None:  # the prefix the rollout's drafts have, for the tasks judged only
+            ids = {r["task_id"] for r in rows} | {tr.task_id for trs in recorded.values() for tr in trs}
+            snapshots = await builder.table([t for t in load_tasks(args.tasks_dir) if t.task_id in ids])
+        sources = {"reference": reference_cases(fmt, rows, snapshots),
+                   **{name: trajectory_cases(fmt, trs, snapshots) for name, trs in recorded.items()}}
         async with HFEngine(model, tokenizer, batch_invariant=False) as engine:
             for name, cases in sources.items():
                 results[f"world_model_{name}"] = await evaluate_world_model(

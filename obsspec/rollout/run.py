@@ -190,14 +190,20 @@ def world_model_predictor(recipe: Recipe, fmt, wm_engine, adapter: str | None, s
     with `world_model.workspace_snapshot`, it reads each task's snapshot ahead of the context
     (`predictor.snapshots.prefixes(trajectories)` gives co-training the same prefixes)."""
     wm = recipe.world_model
-    snapshots = None
-    if wm.workspace_snapshot:
-        from obsspec.worldmodel.snapshot import WorkspaceSnapshots
-
-        snapshots = WorkspaceSnapshots(fmt, wm.snapshot_tokens, recipe.sandbox)
     return WorldModelPredictor(wm_engine, fmt, cap=recipe.sandbox.output_cap, max_tokens=wm.max_tokens,
                                breadth=recipe.rollout.breadth, temperature=wm.temperature,
-                               adapter=adapter, seed=seed, snapshots=snapshots)
+                               adapter=adapter, seed=seed, snapshots=workspace_snapshots(fmt, recipe))
+
+
+def workspace_snapshots(fmt, recipe: Recipe):
+    """A snapshot builder (`WorkspaceSnapshots`: each task's built once) when the recipe's world
+    model reads a workspace snapshot (`world_model.workspace_snapshot`), else None."""
+    wm = recipe.world_model
+    if not wm.workspace_snapshot:
+        return None
+    from obsspec.worldmodel.snapshot import WorkspaceSnapshots
+
+    return WorkspaceSnapshots(fmt, wm.snapshot_tokens, recipe.sandbox)
 
 
 def tool_factory(recipe: Recipe, recorded):

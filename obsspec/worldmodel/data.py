@@ -19,7 +19,7 @@ mask, so they are never targets). Evaluation cases come from `obsspec.models.eva
 (`reference_cases`, `trajectory_cases`), the one place that cuts "context -> body" steps.
 The split is by task instance (a hash of the task id and the seed), so every episode of a
 held-out task, reference or rollout, is held out together; identical rows are counted and kept once.
-With `world_model.workspace_snapshot`, `snapshot_table(fmt, episodes, source_tasks(paths), ...)`
+With `world_model.workspace_snapshot`, `snapshot_table(episodes, source_tasks(paths), snapshots)`
 gives each task's snapshot ids, which `examples` and `eval_cases` put ahead of rows and prompts.
 """
 
@@ -191,19 +191,18 @@ def source_tasks(paths: list[str] | tuple[str, ...]) -> dict[str, Task]:
     return tasks
 
 
-def snapshot_table(fmt, episodes: list[Episode], tasks: dict[str, Task], budget: int, sandbox) -> dict[str, list[int]]:
-    """task_id -> workspace snapshot ids for every task of `episodes` (DataError if one of them
-    has no task to take the workspace from)."""
+def snapshot_table(episodes: list[Episode], tasks: dict[str, Task], snapshots) -> dict[str, list[int]]:
+    """task_id -> workspace snapshot ids for every task of `episodes`, from `snapshots` (a
+    `WorkspaceSnapshots`: a task it has built is not built again); DataError if one of them has
+    no task to take the workspace from."""
     import asyncio
-
-    from obsspec.worldmodel.snapshot import WorkspaceSnapshots
 
     missing = sorted({e.task_id for e in episodes} - set(tasks))
     if missing:
         raise DataError(f"world_model.workspace_snapshot needs each episode's task, and {missing[0]!r} has "
                         "none next to its data (a suite's train/val.jsonl or a rollout run's episodes.jsonl)")
     needed = [tasks[t] for t in sorted({e.task_id for e in episodes})]
-    return asyncio.run(WorkspaceSnapshots(fmt, budget, sandbox).table(needed))
+    return asyncio.run(snapshots.table(needed))
 
 
 def determinism_ceiling(paths: list[str] | tuple[str, ...], episodes: list[Episode]) -> float | None:

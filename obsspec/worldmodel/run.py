@@ -38,18 +38,18 @@ def base_model_path(recipe: Recipe, display: Display) -> str:
     return kit_for(recipe, recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks"), display).world_model
 
 
-def snapshot_table(fmt, recipe: Recipe, sources: list[str], episodes: list) -> dict | None:
-    """task_id -> workspace snapshot ids when the recipe's world model reads one, else None."""
-    wm = recipe.world_model
-    if not wm.workspace_snapshot:
+def snapshot_table(snapshots, sources: list[str], episodes: list) -> dict | None:
+    """task_id -> workspace snapshot ids for `episodes` (None without a snapshot builder)."""
+    if snapshots is None:
         return None
-    return data.snapshot_table(fmt, episodes, data.source_tasks(sources), wm.snapshot_tokens, recipe.sandbox)
+    return data.snapshot_table(episodes, data.source_tasks(sources), snapshots)
 
 
 def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | None = None,
                          eval_only: str = "", eval_on: list[str] | None = None,
                          display: Display | None = None) -> dict:
     from obsspec.models.tiny import load_pretrained
+    from obsspec.rollout.run import workspace_snapshots
     from obsspec.tokens import ChatFormat
 
     display = display or NullDisplay()
@@ -65,6 +65,7 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
 
     model, tokenizer = load_pretrained(base_model_path(recipe, display), device=recipe.world_model.device)
     fmt = ChatFormat(tokenizer)
+    snapshots = workspace_snapshots(fmt, recipe)  # one builder: rows and cases share its snapshots
     summary: dict = {"command": "train-worldmodel", "out_dir": out_dir, "data": sources,
                      "eval_on": eval_sources, "wm_train": to_dict(cfg)}
     os.makedirs(out_dir, exist_ok=True)
@@ -77,9 +78,9 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
         from obsspec.worldmodel.train import train_adapter
 
         train_eps, held_eps = data.split_by_task(episodes, cfg.eval_fraction, cfg.seed)
-        snapshots = snapshot_table(fmt, recipe, sources, episodes)
-        rows, counts = data.examples(fmt, train_eps, cfg.max_length, snapshots)
-        held_rows, _ = data.examples(fmt, held_eps, cfg.max_length, snapshots)
+        table = snapshot_table(snapshots, sources, episodes)
+        rows, counts = data.examples(fmt, train_eps, cfg.max_length, table)
+        held_rows, _ = data.examples(fmt, held_eps, cfg.max_length, table)
         summary["train_data"] = {**counts, "tasks": len({e.task_id for e in train_eps}),
                                  "held_out_tasks": len({e.task_id for e in held_eps})}
         display.log(f"world-model adapter: {counts['examples']} examples from "
@@ -94,7 +95,8 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
         summary["train"] = stats
         summary["adapter"] = {"version": version.version, "name": version.name, "path": version.path}
         adapters[version.name] = version.path
-    summary["eval"] = evaluate(fmt, model, tokenizer, recipe, eval_sources, eval_episodes, adapters, display)
+    summary["eval"] = evaluate(fmt, model, tokenizer, recipe, eval_sources, eval_episodes, adapters, display,
+                               snapshots)
     summary["sec"] = round(time.monotonic() - t0, 1)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
@@ -102,13 +104,14 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
 
 
 def evaluate(fmt, model, tokenizer, recipe: Recipe, sources: list[str], episodes: list,
-             adapters: dict[str, str | None], display: Display) -> dict:
-    """Figures for the base and each adapter on the held-out steps of `episodes`."""
+             adapters: dict[str, str | None], display: Display, snapshots=None) -> dict:
+    """Figures for the base and each adapter on the held-out steps of `episodes` (`snapshots`:
+    the run's snapshot builder, `rollout.run.workspace_snapshots`, or None)."""
     from obsspec.env.suite import spread
 
     cfg = recipe.wm_train
     _, held = data.split_by_task(episodes, cfg.eval_fraction, cfg.seed)
-    cases, duplicates = data.eval_cases(fmt, held, snapshot_table(fmt, recipe, sources, held))
+    cases, duplicates = data.eval_cases(fmt, held, snapshot_table(snapshots, sources, held))
     if cfg.eval_limit:
         cases = spread(cases, min(cfg.eval_limit, len(cases)))
     results = evaluate_models(model, tokenizer, cases, adapters, cap=recipe.sandbox.output_cap,

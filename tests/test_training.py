@@ -20,7 +20,7 @@ from obsspec.rollout.predictors import HistoryCache, PredictRequest, WithHistory
 from obsspec.rollout.trajectory import Trajectory, Turn
 from obsspec.tokens import ChatFormat
 from obsspec.training.config import TrainConfig
-from obsspec.training.grpo import TrainError, training_plan
+from obsspec.training.grpo import TrainError, grpo_args, training_plan
 from obsspec.training.rollouts import RolloutSettings, Rollouts, StepRollouts, class_hits, outcome_metrics
 
 
@@ -177,6 +177,27 @@ def test_train_section_checks_say_what_to_change():
     with pytest.raises(ConfigError, match="train.bogus"):
         load_recipe("recipes/tiny-cpu.yaml", ["train.bogus=1"])
     assert load_recipe(None, ["train.learning_rate=1e-3"]).train.learning_rate == 1e-3
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_warmup_steps_reach_the_trainers_learning_rate(schedule, tmp_path):
+    """transformers' 'constant' schedule ignores warm-up steps: the recipe's warm-up must still
+    ramp the rate the optimizer uses (first step 0, the peak at the end of the warm-up)."""
+    from transformers.optimization import get_scheduler
+
+    recipe = load_recipe("recipes/tiny-cpu.yaml", ["train.warmup_steps=4", f"train.lr_scheduler={schedule}",
+                                                   "train.learning_rate=1e-3"])
+    args = grpo_args(recipe.train, recipe, str(tmp_path), 1)
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+    sched = get_scheduler(args.lr_scheduler_type, opt, num_warmup_steps=args.get_warmup_steps(32),
+                          num_training_steps=32)
+    rates = []
+    for _ in range(6):
+        rates.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert rates[0] == 0.0 and 0 < rates[2] < rates[3] < 1e-3
+    assert math.isclose(rates[4], 1e-3) if schedule == "constant" else rates[4] <= 1e-3
 
 
 @pytest.mark.parametrize("name", ["tiny-cpu", "terminal-8b", "terminal-32b"])

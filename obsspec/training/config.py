@@ -25,6 +25,8 @@ class TrainConfig:
     learning_rate: float = doc(1e-6, "Peak learning rate of the policy (AdamW).")
     lr_scheduler: str = doc("constant", "Learning-rate schedule (a transformers name: constant, "
                                         "cosine, linear, ...).")
+    warmup_steps: int = doc(0, "Steps over which the learning rate ramps up from 0 (Adam's first "
+                                "updates move every weight by about the learning rate).")
     beta: float = doc(0.0, "KL penalty against the starting policy (0 = none, no reference model).")
     epsilon: float = doc(0.2, "PPO clip range below 1.")
     epsilon_high: float = doc(0.28, "PPO clip range above 1 (DAPO's clip-higher).")
@@ -72,6 +74,8 @@ class TrainConfig:
             raise ValueError("train.policy_lora_rank and train.policy_lora_alpha must be >= 0")
         if self.policy_lora_rank and not self.policy_lora_targets:
             raise ValueError("train.policy_lora_targets is empty: name the modules that get LoRA layers")
+        if self.warmup_steps < 0:
+            raise ValueError(f"train.warmup_steps must be >= 0 (got {self.warmup_steps})")
         if self.cotrain_every < 0 or self.eval_tasks < 0 or self.cotrain_epochs <= 0:
             raise ValueError("train.cotrain_every and train.eval_tasks must be >= 0, "
                              "train.cotrain_epochs > 0")
@@ -92,6 +96,14 @@ class TrainConfig:
 
         return peft_lora(self.policy_lora_rank, self.policy_lora_alpha or 2 * self.policy_lora_rank,
                          self.policy_lora_targets)
+
+    @property
+    def scheduler_name(self) -> str:
+        """The transformers schedule: its 'constant' ignores warm-up steps, 'constant_with_warmup'
+        is the same schedule with them."""
+        if self.lr_scheduler == "constant" and self.warmup_steps:
+            return "constant_with_warmup"
+        return self.lr_scheduler
 
     @property
     def episodes_per_step(self) -> int:

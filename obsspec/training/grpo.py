@@ -73,7 +73,8 @@ def training_plan(recipe: Recipe, num_processes: int = 1) -> dict:
                      "micro_batch": min(t.micro_batch_size, t.episodes_per_step // num_processes),
                      "accumulation": accum},
         "episodes_total": t.steps * t.episodes_per_step,
-        "optimizer": {"learning_rate": t.learning_rate, "schedule": t.lr_scheduler, "beta": t.beta,
+        "optimizer": {"learning_rate": t.learning_rate, "schedule": t.lr_scheduler,
+                      "warmup_steps": t.warmup_steps, "beta": t.beta,
                       "clip": [t.epsilon, t.epsilon_high], "loss_type": t.loss_type},
         "rollouts": {"speculative": speculative, "predictor": recipe.rollout.predictor,
                      "depth": recipe.rollout.depth, "sandbox_timeout_s": recipe.sandbox.timeout_s,
@@ -98,7 +99,7 @@ def grpo_args(t: TrainConfig, recipe: Recipe, out_dir: str, num_processes: int):
         per_device_train_batch_size=min(t.micro_batch_size, t.episodes_per_step // num_processes),
         gradient_accumulation_steps=accum, steps_per_generation=accum, num_iterations=1,
         num_generations=t.group_size, max_steps=t.steps, learning_rate=t.learning_rate,
-        lr_scheduler_type=t.lr_scheduler, warmup_steps=0, weight_decay=0.0,
+        lr_scheduler_type=t.scheduler_name, warmup_steps=t.warmup_steps, weight_decay=0.0,
         beta=t.beta, epsilon=t.epsilon, epsilon_high=t.epsilon_high, loss_type=t.loss_type,
         max_grad_norm=t.max_grad_norm,
         # the trainer's logprobs must use the temperature the rollouts sampled with

@@ -184,3 +184,18 @@ def test_compare_classifies_differences_and_times_identical_episodes_only():
     assert not c["token_identical"] and c["differing_first_in_observation"] == [1]
     assert c["differing_first_in_action"] == [2] and c["episodes_compared_for_latency"] == 1
     assert c["mean_latency_reduction"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_the_plain_live_display_shows_speculation_only_when_there_is_some(speculative, capsys):
+    from obsspec.ui.live import PlainLive
+
+    m = SpecMetrics()
+    for e in (ev("episode_start", 0.0, task_id="x"), ev("episode_end", 1.0, reward=1.0, latency_sec=1.0)):
+        m(e)
+    live = PlainLive("val", every_s=60)
+    live.start(m, 1, speculative=speculative)
+    live.stop()
+    line = capsys.readouterr().err
+    assert line.startswith("val: 1/1 episodes")
+    assert ("hit rate" in line and "saved" in line) == speculative

@@ -81,6 +81,13 @@ def test_a_run_writes_metrics_rollouts_checkpoints_and_evals(run):
         assert (run_dir / "checkpoints" / f"checkpoint-{step}" / "obsspec_state.json").exists()
     evals = json.loads((run_dir / "eval.json").read_text())
     assert evals["before"]["episodes"] == evals["after"]["episodes"] == 4
+    for name, key in (("val-before", "before"), ("val-after", "after")):
+        # val episodes: sequential (success only), kept apart from the training data in rollouts/
+        path = run_dir / "eval" / name
+        assert sorted(p.name for p in path.glob("trajectories-*")) == ["trajectories-sequential.jsonl"]
+        val = [json.loads(x) for x in (path / "trajectories-sequential.jsonl").read_text().splitlines()]
+        assert sum(t["reward"] == 1.0 for t in val) / len(val) == evals[key]["success_frac"]
+    assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == [f"step-{k:06d}" for k in range(1, STEPS + 1)]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == STEPS and summary["wm_version"] >= STEPS - 1 and "hit rate" in r.stderr
 

@@ -26,7 +26,7 @@ from obsspec.rollout.metrics import SpecMetrics, export_chrome_trace
 from obsspec.rollout.predictors import HistoryCache, NoPredictor, Oracle, WorldModelPredictor
 from obsspec.rollout.config import sampling
 from obsspec.rollout.scheduler import Scheduler
-from obsspec.rollout.tools import ReplayTool, SandboxTool
+from obsspec.rollout.tools import EmulatedLatency, ReplayTool, SandboxTool
 from obsspec.rollout.trajectory import Trajectory
 from obsspec.ui.display import Display
 from obsspec.worldmodel.adapters import resolve_adapter
@@ -139,7 +139,7 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
             bus.subscribe(trace)
             sched = Scheduler(policy, fmt, bus, settings, cap=recipe.sandbox.output_cap, predictor=predictor,
                               depth=recipe.rollout.depth)
-            live.start(metrics, len(episodes), f"{m} rollout")
+            live.start(metrics, len(episodes), f"{m} rollout", speculative=m == "speculative")
             try:
                 results[m] = await sched.run_batch(
                     episodes, tool_factory(recipe, recorded), speculative=(m == "speculative"),
@@ -206,10 +206,13 @@ def workspace_snapshots(fmt, recipe: Recipe):
     return WorkspaceSnapshots(fmt, wm.snapshot_tokens, recipe.sandbox)
 
 
-def tool_factory(recipe: Recipe, recorded):
+def tool_factory(recipe: Recipe, recorded, latency: bool = True):
+    """(task, episode) -> Tool: a replay of `recorded` episodes, else a real sandbox with the
+    recipe's emulated latency (`latency=False`: without it)."""
     if recorded is not None:
         return lambda task, episode: ReplayTool(recorded[episode]["turns"], recorded[episode]["reward"])
-    return lambda task, episode: SandboxTool(task, episode, recipe.sandbox, recipe.rollout.latency)
+    extra = recipe.rollout.latency if latency else EmulatedLatency()
+    return lambda task, episode: SandboxTool(task, episode, recipe.sandbox, extra)
 
 
 def _load_replay(run_dir: str) -> tuple[list[Task], list[dict]]:

@@ -16,6 +16,7 @@ Run directory (`--out`, default RUN_DIR/train-NAME):
 - `recipe.json`               the resolved recipe; `--resume` refuses a different one
 - `metrics.jsonl`             one line per step (docs/REPORT.md); `eval.json` val before/after
 - `rollouts/step-NNNNNN/`     each step's episodes, as `obsspec rollout` writes them
+- `eval/val-before/`, `eval/val-after/`  the val episodes (sequential, no emulated latency)
 - `checkpoints/checkpoint-N/` TRL/transformers checkpoints + `obsspec_state.json` (world-model
                               adapter version, history cache)
 - `world_model/adapters/`     published adapter versions; `tensorboard/` TRL's logs
@@ -149,14 +150,14 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
             display.log(f"resuming from {checkpoint} (step {run.restored_step})")
         evals = _read_json(os.path.join(out_dir, "eval.json")) or {}
         if "before" not in evals and state.is_main_process and recipe.train.eval_tasks:
-            evals["before"] = run.evaluate("val before training")
+            evals["before"] = run.evaluate("val before training", "val-before")
             _write_json(os.path.join(out_dir, "eval.json"), evals)
         trainer = run.trainer(grpo_args(recipe.train, recipe, out_dir, state.num_processes))
         trainer.train(resume_from_checkpoint=checkpoint)
         run.finish_cotraining()
         run.sync_policy(trainer)
         if state.is_main_process and recipe.train.eval_tasks:
-            evals["after"] = run.evaluate("val after training")
+            evals["after"] = run.evaluate("val after training", "val-after")
             _write_json(os.path.join(out_dir, "eval.json"), evals)
         summary = run.summary(trainer, evals) if state.is_main_process else {}
     finally:

@@ -93,13 +93,19 @@ class Rollouts:
             hook(result)
         return self.rows(result.trajectories)
 
-    def run(self, tasks: list[Task], step: int, first_episode: int, label: str = "") -> StepRollouts:
-        """Run episodes `first_episode + i` on `tasks` (also used for val evaluation)."""
-        s = self.settings
+    def run(self, tasks: list[Task], step: int, first_episode: int, label: str = "",
+            settings: RolloutSettings | None = None, out: str = "") -> StepRollouts:
+        """Run episodes `first_episode + i` on `tasks`, written under rollouts/step-NNNNNN/.
+        With a `label`: outside the training steps (val evaluation, with its own `settings`),
+        written under `out` when given; `last` stays the last step's."""
+        s = settings or self.settings
         bus, metrics = EventBus(), SpecMetrics()
         bus.subscribe(metrics)
         mode = "speculative" if s.speculative else "sequential"
-        out = self._step_dir(step) if not label else None
+        if label:
+            out = self._fresh_dir(out) if out else None
+        else:
+            out = self._step_dir(step)
         trace = JsonlTrace(os.path.join(out, f"trace-{mode}.jsonl"), mode) if out else None
         if trace:
             bus.subscribe(trace)
@@ -108,7 +114,7 @@ class Rollouts:
                           adapter=self.policy_adapter)
         t0 = time.monotonic()
         cache_before = (getattr(self.predictor, "lookups", 0), getattr(self.predictor, "hits", 0))
-        self.live.start(metrics, len(tasks), label or f"step {step} rollouts")
+        self.live.start(metrics, len(tasks), label or f"step {step} rollouts", speculative=s.speculative)
         try:
             trajectories = asyncio.run(sched.run_batch(tasks, s.make_tool, speculative=s.speculative,
                                                        concurrency=s.concurrency, first_episode=first_episode))
@@ -160,10 +166,12 @@ class Rollouts:
 
     def _step_dir(self, step: int) -> str:
         name = f"step-{step:06d}" + (f".rank{self.rank}" if self.rank else "")
-        path = os.path.join(self.out_dir, "rollouts", name)
+        return self._fresh_dir(os.path.join(self.out_dir, "rollouts", name))
+
+    def _fresh_dir(self, path: str) -> str:
         if os.path.isdir(path):  # a step redone after a resume: the earlier attempt is kept aside
             shutil.move(path, os.path.join(self.out_dir, "rollouts", "discarded",
-                                           f"{name}.{int(time.time())}"))
+                                           f"{os.path.basename(path)}.{int(time.time())}"))
         os.makedirs(path)
         return path
 

@@ -18,6 +18,7 @@ Callbacks:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 
@@ -148,13 +149,23 @@ class TrainingRun:
             _truncate_metrics(os.path.join(self.out_dir, "metrics.jsonl"), self.restored_step)
 
     # -- evaluation, end -------------------------------------------------------------------------
-    def evaluate(self, label: str) -> dict:
+    def evaluate(self, label: str, name: str) -> dict:
+        """Val success over `train.eval_tasks` tasks x `eval_group_size` episodes (the same seeds
+        every time); the episodes are written under eval/`name`/ (not under rollouts/, where
+        `train-worldmodel` finds training data: val tasks stay held out)."""
         t = self.recipe.train
         tasks = [task for task in spread(self.val, min(t.eval_tasks, len(self.val)))
                  for _ in range(t.eval_group_size)]
         if not tasks:
             return {"episodes": 0}
-        result = self.rollouts.run(tasks, step=0, first_episode=EVAL_EPISODES, label=label)
+        from obsspec.rollout.run import tool_factory
+
+        # Success only: sequential episodes without emulated latency give the speculative run's
+        # very tokens (lossless) in less time, and leave the history cache and spec metrics alone.
+        settings = dataclasses.replace(self.rollouts.settings, speculative=False,
+                                       make_tool=tool_factory(self.recipe, None, latency=False))
+        result = self.rollouts.run(tasks, step=0, first_episode=EVAL_EPISODES, label=label,
+                                   settings=settings, out=os.path.join(self.out_dir, "eval", name))
         scored = [tr.reward for tr in result.trajectories if not tr.infra_error]
         out = {**outcome_metrics(result.trajectories), "episodes": len(tasks),
                "reward_mean": sum(scored) / len(scored) if scored else None}

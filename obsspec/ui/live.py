@@ -2,7 +2,8 @@
 
 It reads only `SpecMetrics` (itself an event consumer): running episodes with their turn and
 phase, and totals — hit rate, exec_won, rollbacks, latency, tokens wasted. `make_live(kind)`
-returns a rich dashboard, a plain one (a line every few seconds) or none.
+returns a rich dashboard, a plain one (a line every few seconds) or none. A sequential batch
+(`start(..., speculative=False)`) shows progress and latency only: it has no speculation to show.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ class RichLive:
         self._live = None
         self.metrics: SpecMetrics | None = None
         self.total = 0
+        self.speculative = True
 
-    def start(self, metrics: SpecMetrics, total: int, title: str = "") -> None:
+    def start(self, metrics: SpecMetrics, total: int, title: str = "", speculative: bool = True) -> None:
         from rich.live import Live
 
-        self.metrics, self.total = metrics, total
+        self.metrics, self.total, self.speculative = metrics, total, speculative
         self.title = title or self.title
         self._live = Live(self._render(), console=self.console, refresh_per_second=1,
                           get_renderable=self._render)
@@ -53,14 +55,18 @@ class RichLive:
         if m and len(m.running) > 12:
             table.add_row("...", f"{len(m.running) - 12} more", "", "")
         totals = Table.grid(padding=(0, 2))
-        totals.add_row(
-            f"hit rate {_fmt(s.get('spec/exact_frac'), True)}",
-            f"exec_won {_fmt(s.get('spec/exec_won_frac'), True)}",
-            f"rollbacks {_fmt(s.get('spec/rollback_frac'), True)}",
-            f"latency p50 {_fmt(s.get('latency_p50_sec'))}s",
-            f"saved {s.get('latency_saved_sec', 0.0):.1f}s ({_fmt(s.get('latency_saved_frac'), True)})",
-            f"tokens wasted {s.get('spec/policy_tokens_discarded', 0)}",
-        )
+        latency = f"latency p50 {_fmt(s.get('latency_p50_sec'))}s"
+        if not self.speculative:
+            totals.add_row(latency)
+        else:
+            totals.add_row(
+                f"hit rate {_fmt(s.get('spec/exact_frac'), True)}",
+                f"exec_won {_fmt(s.get('spec/exec_won_frac'), True)}",
+                f"rollbacks {_fmt(s.get('spec/rollback_frac'), True)}",
+                latency,
+                f"saved {s.get('latency_saved_sec', 0.0):.1f}s ({_fmt(s.get('latency_saved_frac'), True)})",
+                f"tokens wasted {s.get('spec/policy_tokens_discarded', 0)}",
+            )
         from rich.console import Group
 
         return Group(table, totals)
@@ -76,12 +82,12 @@ class PlainLive:
 
     def __init__(self, title: str, every_s: float = 5.0):
         self.title, self.every_s = title, every_s
-        self.metrics, self.total = None, 0
+        self.metrics, self.total, self.speculative = None, 0, True
         self._stop = threading.Event()
         self._thread = None
 
-    def start(self, metrics: SpecMetrics, total: int, title: str = "") -> None:
-        self.metrics, self.total = metrics, total
+    def start(self, metrics: SpecMetrics, total: int, title: str = "", speculative: bool = True) -> None:
+        self.metrics, self.total, self.speculative = metrics, total, speculative
         self.title = title or self.title
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -93,10 +99,12 @@ class PlainLive:
 
     def _line(self) -> None:
         s = self.metrics.summary()
-        print(f"{self.title}: {s['episodes']}/{self.total} episodes, hit rate "
-              f"{_fmt(s['spec/exact_frac'], True)}, exec_won {_fmt(s['spec/exec_won_frac'], True)}, "
-              f"rollbacks {_fmt(s['spec/rollback_frac'], True)}, saved {s['latency_saved_sec']:.1f}s "
-              f"({_fmt(s['latency_saved_frac'], True)} of rollout time)", file=sys.stderr, flush=True)
+        line = f"{self.title}: {s['episodes']}/{self.total} episodes"
+        if self.speculative:
+            line += (f", hit rate {_fmt(s['spec/exact_frac'], True)}, exec_won "
+                     f"{_fmt(s['spec/exec_won_frac'], True)}, rollbacks {_fmt(s['spec/rollback_frac'], True)}, "
+                     f"saved {s['latency_saved_sec']:.1f}s ({_fmt(s['latency_saved_frac'], True)} of rollout time)")
+        print(line, file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         if self._thread is not None:
@@ -110,7 +118,7 @@ class NoLive:
     def __init__(self, title: str = ""):
         pass
 
-    def start(self, metrics: SpecMetrics, total: int, title: str = "") -> None:
+    def start(self, metrics: SpecMetrics, total: int, title: str = "", speculative: bool = True) -> None:
         pass
 
     def stop(self) -> None:

@@ -30,7 +30,8 @@ def common(root) -> list[str]:
             "policy.max_turns=3", "policy.max_new_tokens=48", "policy.max_context=1024",
             "sandbox.output_cap=200", "world_model.max_tokens=264", "rollout.latency.kind=none",
             "train.tasks_per_step=2", "train.group_size=2", "train.micro_batch_size=2",
-            "train.learning_rate=1e-2", "train.warmup_steps=0", "train.save_steps=1", "train.save_total_limit=5",
+            "train.learning_rate=1e-2", "train.warmup_steps=0", "train.cotrain_every=1",
+            "train.save_steps=1", "train.save_total_limit=5",
             "train.eval_tasks=2", "train.eval_group_size=2", "train.report_to=none", "train.families=[]",
             "wm_train.max_length=1024", "wm_train.batch_size=2", *MICRO, "policy.temperature=0.3"]
 

@@ -324,7 +324,7 @@ def test_cotraining_rows_carry_the_workspace_snapshot_the_predictor_uses(fmt, tm
         adapter = None
         snapshots = None
 
-    recipe = load_recipe("recipes/tiny-cpu.yaml")
+    recipe = load_recipe("recipes/tiny-cpu.yaml", ["train.cotrain_every=1"])  # step 1 trains
     result = StepRollouts(1, [episode(fmt, 0, 1.0)], {})
     firsts = {}
     for on in (False, True):

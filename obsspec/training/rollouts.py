@@ -95,20 +95,16 @@ class Rollouts:
 
     def run(self, tasks: list[Task], step: int, first_episode: int, label: str = "",
             settings: RolloutSettings | None = None, out: str = "") -> StepRollouts:
-        """Run episodes `first_episode + i` on `tasks`, written under rollouts/step-NNNNNN/.
-        With a `label`: outside the training steps (val evaluation, with its own `settings`),
-        written under `out` when given; `last` stays the last step's."""
+        """Run episodes `first_episode + i` on `tasks`, written under `out` (default
+        rollouts/step-NNNNNN/). With a `label`: outside the training steps (val evaluation, with
+        its own `settings`), so `last` stays the last step's."""
         s = settings or self.settings
         bus, metrics = EventBus(), SpecMetrics()
         bus.subscribe(metrics)
         mode = "speculative" if s.speculative else "sequential"
-        if label:
-            out = self._fresh_dir(out) if out else None
-        else:
-            out = self._step_dir(step)
-        trace = JsonlTrace(os.path.join(out, f"trace-{mode}.jsonl"), mode) if out else None
-        if trace:
-            bus.subscribe(trace)
+        out = _fresh_dir(out) if out else self._step_dir(step)
+        trace = JsonlTrace(os.path.join(out, f"trace-{mode}.jsonl"), mode)
+        bus.subscribe(trace)
         sched = Scheduler(self.policy, self.fmt, bus, s.sampling, cap=s.cap,
                           predictor=self.predictor if s.speculative else None, depth=s.depth,
                           adapter=self.policy_adapter)
@@ -120,8 +116,7 @@ class Rollouts:
                                                        concurrency=s.concurrency, first_episode=first_episode))
         finally:
             self.live.stop()
-            if trace:
-                trace.close()
+            trace.close()
         result = StepRollouts(step, trajectories, metrics.summary(), class_hits(trajectories),
                               time.monotonic() - t0)
         result.metrics.update(outcome_metrics(trajectories))
@@ -130,8 +125,7 @@ class Rollouts:
             result.metrics["cache/lookups"] = lookups
             result.metrics["cache/hits"] = self.predictor.hits - cache_before[1]
             result.metrics["cache/hit_frac"] = result.metrics["cache/hits"] / lookups if lookups else None
-        if out:
-            self._write(out, mode, tasks, result, first_episode)
+        self._write(out, mode, tasks, result, first_episode)
         if not label:
             self.last = result
         return result
@@ -166,14 +160,7 @@ class Rollouts:
 
     def _step_dir(self, step: int) -> str:
         name = f"step-{step:06d}" + (f".rank{self.rank}" if self.rank else "")
-        return self._fresh_dir(os.path.join(self.out_dir, "rollouts", name))
-
-    def _fresh_dir(self, path: str) -> str:
-        if os.path.isdir(path):  # a step redone after a resume: the earlier attempt is kept aside
-            shutil.move(path, os.path.join(self.out_dir, "rollouts", "discarded",
-                                           f"{os.path.basename(path)}.{int(time.time())}"))
-        os.makedirs(path)
-        return path
+        return _fresh_dir(os.path.join(self.out_dir, "rollouts", name))
 
     def _write(self, out: str, mode: str, tasks: list[Task], result: StepRollouts, first: int) -> None:
         with open(os.path.join(out, "episodes.jsonl"), "w") as f:
@@ -186,6 +173,16 @@ class Rollouts:
                    "modes": {mode: result.metrics}, "spec/class_hits": result.class_hits}
         with open(os.path.join(out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2, sort_keys=True)
+
+
+def _fresh_dir(path: str) -> str:
+    """An empty `path`. One that exists (a step or val run redone after a resume) is kept aside
+    as its sibling discarded/NAME.TIME."""
+    if os.path.isdir(path):
+        shutil.move(path, os.path.join(os.path.dirname(path), "discarded",
+                                       f"{os.path.basename(path)}.{int(time.time())}"))
+    os.makedirs(path)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------

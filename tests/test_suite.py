@@ -22,6 +22,23 @@ def test_split_is_per_family_seeded_and_disjoint():
     assert suite.split(tasks, 0.25, seed=2) != (train, val)
 
 
+def test_interleave_spreads_every_kind_over_the_run():
+    # dir-stats asks one of five numbers; a training run takes its tasks in this order, so every
+    # stretch of it must hold each kind in proportion (a plain shuffle can give one third of a short
+    # run most of the hard kind, and the reward curve then shows the draw, not the policy).
+    tasks = [suite.builtin_task("dir-stats", i) for i in range(200)] + \
+            [suite.builtin_task("sed-replace", i) for i in range(50)]
+    order = suite.interleave(tasks, seed=0)
+    assert sorted(t.task_id for t in order) == sorted(t.task_id for t in tasks)
+    assert order == suite.interleave(tasks, seed=0) and order != suite.interleave(tasks, seed=1)
+    share = {k: sum((t.family, t.kind) == k for t in tasks) / len(tasks) for k in {(t.family, t.kind) for t in tasks}}
+    assert len(share) == 6 and ("dir-stats", "lines") in share and ("sed-replace", "") in share
+    for start in range(0, 250, 25):
+        window = order[start:start + 25]
+        for k, p in share.items():
+            assert abs(sum((t.family, t.kind) == k for t in window) - 25 * p) <= 1.5, (start, k)
+
+
 def test_interrupted_validation_resumes_without_rerunning(tmp_path, monkeypatch):
     tasks, _ = suite.generate_builtin(TasksConfig(num_instances=3, families=("count-lines",)))
     checkpoint = str(tmp_path / "validation.partial.jsonl")

@@ -93,6 +93,28 @@ def test_a_run_writes_metrics_rollouts_checkpoints_and_evals(run):
     assert summary["steps"] == STEPS and summary["wm_version"] >= STEPS - 1 and "hit rate" in r.stderr
 
 
+def test_steps_take_tasks_in_the_interleaved_order_and_count_success_per_kind(root, run):
+    # TRL's shuffle is off: step k trains on the next tasks of obsspec's kind-interleaved order,
+    # each `group_size` times, and each step's success is also counted per question kind.
+    run_dir, r = run
+    from obsspec.env.suite import interleave, load_tasks
+
+    order = [t.task_id for t in interleave(load_tasks(root / "tasks" / "train.jsonl"), seed=0)]
+    rows = metrics(run_dir)
+    for step, row in enumerate(rows, 1):
+        episodes = [json.loads(x)["task"] for x in
+                    (run_dir / "rollouts" / f"step-{step:06d}" / "episodes.jsonl").read_text().splitlines()]
+        assert [e["task_id"] for e in episodes] == [i for i in order[2 * step - 2:2 * step] for _ in range(2)]
+        assert all(e["kind"] for e in episodes)
+        by_kind = row["success_by_kind"]
+        assert set(by_kind) == {f"dir-stats/{e['kind']}" for e in episodes}
+        assert sum(n for _, n in by_kind.values()) == 4
+        assert sum(w for w, _ in by_kind.values()) / 4 == row["success_frac"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary["success_by_kind"]) >= set(rows[0]["success_by_kind"])
+    assert "success on dir-stats/" in r.stdout  # the end-of-run table shows them
+
+
 def test_report_reads_a_training_run(run, tmp_path):
     run_dir, _ = run
     r = cli("report", str(run_dir), "--out", str(tmp_path / "report"))

@@ -306,3 +306,20 @@ def spread(tasks: list, n: int) -> list:
         return []
     step = max(1, len(tasks) // n)
     return [tasks[(i * step) % len(tasks)] for i in range(n)]
+
+
+def interleave(tasks: list[Task], seed: int) -> list[Task]:
+    """The tasks in a seeded order where every (family, kind) is spread evenly over the whole
+    list, in proportion to its size: any stretch of a training run sees the suite's mix, so the
+    reward curve follows the policy, not which questions a step happened to draw (a plain shuffle
+    can hand one third of a short run most of the hard kind)."""
+    rng = random.Random(seed)
+    strata: dict[tuple[str, str], list[Task]] = {}
+    for task in tasks:
+        strata.setdefault((task.family, task.kind), []).append(task)
+    keyed = []
+    for _, members in sorted(strata.items()):
+        rng.shuffle(members)
+        offset = rng.random()
+        keyed += [((i + offset) / len(members), rng.random(), task) for i, task in enumerate(members)]
+    return [task for *_, task in sorted(keyed, key=lambda k: k[:2])]

@@ -12,6 +12,8 @@ Conventions every task follows:
   script writes to /logs/verifier/reward.txt (Harbor's convention), else 1.0 on exit code 0 and
   0.0 otherwise. Rewards are clipped to [0, 1].
 - `solution` is the reference solution: a list of bash commands, one per agent turn.
+- `kind` (optional) names the family's variant of the task (dir-stats: which number is asked);
+  training interleaves kinds so every part of a run sees the same mix, and reports success per kind.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Task:
     workdir: str = "/app"
     max_turns: int = 12
     source: str = "builtin"
+    kind: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -108,7 +108,8 @@ def grpo_args(t: TrainConfig, recipe: Recipe, out_dir: str, num_processes: int):
         max_completion_length=recipe.policy.max_context,
         logging_steps=1, save_strategy="steps", save_steps=t.save_steps,
         save_total_limit=t.save_total_limit, report_to=[] if t.report_to == "none" else [t.report_to],
-        seed=t.seed, data_seed=t.seed, remove_unused_columns=False, disable_tqdm=True,
+        seed=t.seed, data_seed=t.seed, shuffle_dataset=False,  # the dataset comes in our order (setup.py)
+        remove_unused_columns=False, disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False,
     )
 

@@ -63,6 +63,7 @@ class StepRollouts:
     metrics: dict
     class_hits: dict = field(default_factory=dict)   # command class -> [matches, verified drafts]
     sec: float = 0.0
+    by_kind: dict = field(default_factory=dict)      # "family/kind" -> [successes, scored episodes]
 
 
 class Rollouts:
@@ -118,7 +119,7 @@ class Rollouts:
             self.live.stop()
             trace.close()
         result = StepRollouts(step, trajectories, metrics.summary(), class_hits(trajectories),
-                              time.monotonic() - t0)
+                              time.monotonic() - t0, success_by_kind(tasks, trajectories))
         result.metrics.update(outcome_metrics(trajectories))
         if hasattr(self.predictor, "lookups") and s.speculative:  # this step's, not cumulative
             lookups = self.predictor.lookups - cache_before[0]
@@ -170,7 +171,8 @@ class Rollouts:
             for tr in result.trajectories:
                 f.write(json.dumps(tr.to_dict(), sort_keys=True) + "\n")
         summary = {"command": "train", "step": result.step, "episodes": len(tasks),
-                   "modes": {mode: result.metrics}, "spec/class_hits": result.class_hits}
+                   "modes": {mode: result.metrics}, "spec/class_hits": result.class_hits,
+                   "success_by_kind": result.by_kind}
         with open(os.path.join(out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2, sort_keys=True)
 
@@ -196,6 +198,19 @@ def outcome_metrics(trajectories: list[Trajectory]) -> dict:
     return {"success_frac": sum(r >= 1.0 for r in scored) / len(scored) if scored else None,
             "infra_failures": sum(1 for t in trajectories if t.infra_error),
             "turns_mean": sum(len(t.turns) for t in trajectories) / max(1, len(trajectories))}
+
+
+def success_by_kind(tasks: list[Task], trajectories: list[Trajectory]) -> dict:
+    """"family/kind" (the family alone for a task without a kind) -> [successes, scored episodes];
+    infra failures are left out, as in the success rate."""
+    won, scored = Counter(), Counter()
+    for task, tr in zip(tasks, trajectories, strict=True):
+        if tr.infra_error or tr.reward is None:
+            continue
+        key = f"{task.family}/{task.kind}" if task.kind else task.family
+        scored[key] += 1
+        won[key] += tr.reward >= 1.0
+    return {k: [won[k], scored[k]] for k in sorted(scored)}
 
 
 def class_hits(trajectories: list[Trajectory]) -> dict:

@@ -25,7 +25,7 @@ import os
 from transformers import TrainerCallback
 
 from obsspec.config import Recipe
-from obsspec.env.suite import load_tasks, spread
+from obsspec.env.suite import interleave, load_tasks, spread
 from obsspec.rollout.config import sampling
 from obsspec.rollout.predictors import WithHistory
 from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics
@@ -112,8 +112,10 @@ class TrainingRun:
         from datasets import Dataset
         from trl import GRPOTrainer
 
-        # The prompt is the task id; the rollout function renders the task's instruction.
-        dataset = Dataset.from_list([{"prompt": task.task_id} for task in self.train])
+        # The prompt is the task id; the rollout function renders the task's instruction. The order
+        # is ours (TRL's shuffle is off): every stretch of the run sees the same mix of kinds.
+        order = interleave(self.train, self.recipe.train.seed)
+        dataset = Dataset.from_list([{"prompt": task.task_id} for task in order])
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         trainer = GRPOTrainer(model=self.model, reward_funcs=[self.rollouts.reward], args=args,
                               train_dataset=dataset, processing_class=self.tokenizer,
@@ -168,7 +170,8 @@ class TrainingRun:
                                    settings=settings, out=os.path.join(self.out_dir, "eval", name))
         scored = [tr.reward for tr in result.trajectories if not tr.infra_error]
         out = {**outcome_metrics(result.trajectories), "episodes": len(tasks),
-               "reward_mean": sum(scored) / len(scored) if scored else None}
+               "reward_mean": sum(scored) / len(scored) if scored else None,
+               "success_by_kind": result.by_kind}
         self.display.log(f"{label}: success {out['success_frac']}, over {len(tasks)} episodes")
         return out
 
@@ -194,7 +197,8 @@ class TrainingRun:
                 "infra_failures": sum(r.get("infra_failures", 0) or 0 for r in rows),
                 "hit_rate_mean": _mean([r.get("spec/exact_frac") for r in rows]),
                 "latency_saved_sec": saved, "rollout_sec": rollout_sec,
-                "latency_saved_frac": _mean([r.get("latency_saved_frac") for r in rows])}
+                "latency_saved_frac": _mean([r.get("latency_saved_frac") for r in rows]),
+                "success_by_kind": _kind_thirds(rows, third)}
 
     def close(self) -> None:
         if self.cotrainer is not None:
@@ -217,7 +221,8 @@ class MetricsLog(TrainerCallback):
         if not self.run.state.is_main_process or last is None or "loss" not in (logs or {}):
             return
         row = {**(logs or {}), **last.metrics, "step": state.global_step,
-               "spec/class_hits": last.class_hits, "rollout_sec": last.sec}
+               "spec/class_hits": last.class_hits, "success_by_kind": last.by_kind,
+               "rollout_sec": last.sec}
         if self.run.cotrainer is not None:
             row.update(self.run.cotrainer.metrics())
         if self.run.rollouts.sync is not None:
@@ -244,6 +249,20 @@ def _step_line(row: dict, steps: int) -> str:
     return (f"step {row['step']}/{steps}: reward {row.get('reward', 0):.3f}, success {pct('success_frac')}, "
             f"hit rate {pct('spec/exact_frac')}, saved {row.get('latency_saved_sec', 0):.1f}s "
             f"({pct('latency_saved_frac')} of rollout time), infra failures {row.get('infra_failures', 0)}")
+
+
+def _kind_thirds(rows: list[dict], third: int) -> dict:
+    """"family/kind" -> [success in the first third of the steps, in the last third] (None
+    where the kind had no episode there): which questions the run learned, and which it unlearned."""
+    def fractions(part):
+        won, scored = {}, {}
+        for row in part:
+            for k, (w, n) in (row.get("success_by_kind") or {}).items():
+                won[k], scored[k] = won.get(k, 0) + w, scored.get(k, 0) + n
+        return {k: won[k] / scored[k] for k in scored if scored[k]}
+
+    first, last = fractions(rows[:third]), fractions(rows[-third:])
+    return {k: [first.get(k), last.get(k)] for k in sorted(set(first) | set(last))}
 
 
 def _mean(values):

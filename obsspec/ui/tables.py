@@ -64,6 +64,11 @@ def print_rollout_table(summary: dict) -> None:
                           f"{comp['differing_first_in_action']}")
 
 
+def _few(by_kind: dict, most: int = 10) -> dict:
+    """Per-kind rows only while they fit a terminal table (all of them are in summary.json)."""
+    return by_kind if len(by_kind) <= most else {}
+
+
 def print_training_table(summary: dict, latency) -> None:
     """The end of `obsspec train` (and the demo): reward over the run, val before/after, speculation."""
     from rich.console import Console
@@ -78,6 +83,9 @@ def print_training_table(summary: dict, latency) -> None:
     rows = [
         ("mean reward, first third of the steps", cell(summary.get("reward_first_third"))),
         ("mean reward, last third of the steps", cell(summary.get("reward_last_third"))),
+        *[(f"  success on {kind}, first → last third",
+           f"{cell(first, True)} → {cell(last, True)}")
+          for kind, (first, last) in _few(summary.get("success_by_kind") or {}).items()],
         ("val success before training", cell(ev.get("before", {}).get("success_frac"), True)),
         ("val success after training", cell(ev.get("after", {}).get("success_frac"), True)),
         ("hit rate (mean over steps)", cell(summary.get("hit_rate_mean"), True)),

@@ -68,5 +68,5 @@ def generate(rng: random.Random, task_id: str) -> Task:
                f"grep -rl '{needle}' . | sed 's|^\\./||' > ../answer.txt; cd ..", "cat answer.txt"]
         check = f"expect_lines('answer.txt', [{member!r}])"
     instruction = rng.choice([f"The archive /app/{arc} was just downloaded. ", f"You are given /app/{arc}. "]) + ask
-    return Task(task_id=task_id, family=NAME, instruction=instruction, files=files, setup=setup,
+    return Task(task_id=task_id, kind=kind, family=NAME, instruction=instruction, files=files, setup=setup,
                 verify=py_verify(check), solution=[listing, *sol])

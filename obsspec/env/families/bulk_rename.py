@@ -64,7 +64,7 @@ def generate(rng: random.Random, task_id: str) -> Task:
     instruction = rng.choice([f"In /app/{d}, {ask}.", f"Files in /app/{d} need renaming: {ask}."])
     instruction += " Do not change file contents and do not create or delete other files."
     return Task(
-        task_id=task_id, family=NAME, instruction=instruction, files=files,
+        task_id=task_id, kind=kind, family=NAME, instruction=instruction, files=files,
         verify=py_verify(f"got = walk({d!r})\nif got != {expected!r}:\n    fail('files are now %r' % sorted(got))"),
         solution=[f"ls -l {d}", f"cd {d} && {loop}", "ls"],
     )

@@ -78,7 +78,7 @@ def generate(rng: random.Random, task_id: str) -> Task:
     ]) + (f" Create /app/{out_dir.rstrip('/')} if it does not exist." if out_dir else "")
     mk = f"mkdir -p {out_dir} && " if out_dir else ""
     return Task(
-        task_id=task_id, family=NAME, instruction=instruction,
+        task_id=task_id, kind=kind, family=NAME, instruction=instruction,
         files={src: "\n".join(lines) + "\n"},
         verify=py_verify(f"expect_lines({out!r}, {expected!r})"),
         solution=[f"head -n 5 {src}", f"{mk}awk -F, 'NR == 1 || ({awk_cond})' {src} > {out}", f"cat {out}"],

@@ -53,6 +53,6 @@ def generate(rng: random.Random, task_id: str) -> Task:
                 "bytes": len(text.encode()),
                 "errors": sum("ERROR" in line for line in text.splitlines())}[kind]
     ask = rng.choice(phrasings) + " Write just the number to /app/answer.txt."
-    return Task(task_id=task_id, family=NAME, instruction=ask, files=files,
+    return Task(task_id=task_id, kind=kind, family=NAME, instruction=ask, files=files,
                 verify=verify_lines("answer.txt", [str(expected)]),
                 solution=["ls -l data", act, "cat answer.txt"])

@@ -83,5 +83,5 @@ def generate(rng: random.Random, task_id: str) -> Task:
            else f"cd {folder} && {grep} * | sort > ../{out} && cd ..")
     peek = f"grep -rn{'i' if mode == 'ci' else ''} '{target}' {folder} | head -30"
     solution = [f"ls {folder}", peek, act, f"cat {out}"]
-    return Task(task_id=task_id, family=NAME, instruction=instruction, files=files,
+    return Task(task_id=task_id, kind=mode, family=NAME, instruction=instruction, files=files,
                 verify=verify_lines(out, expected, order="sorted"), solution=solution)

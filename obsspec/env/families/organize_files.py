@@ -59,7 +59,7 @@ def generate(rng: random.Random, task_id: str) -> Task:
     if dest != src:
         check += f"if walk({src!r}):\n    fail('{src} still has files')\n"
     return Task(
-        task_id=task_id, family=NAME, instruction=ask + " Do not rename or change the files.", files=files,
+        task_id=task_id, kind=kind, family=NAME, instruction=ask + " Do not rename or change the files.", files=files,
         verify=py_verify(check),
         solution=[f"ls {src}", sol, f"find {'.' if dest == src else dest} -type f | sort"],
     )

@@ -95,6 +95,7 @@ def training_dir(path: str, steps: int = 5) -> str:
             f.write(json.dumps({"step": s, "spec/exact_frac": a, "spec/exec_won_frac": 0.1,
                                 "spec/rollback_frac": 1 - a, "spec/policy_tokens_discarded": 100 * (steps - s),
                                 "latency_mean_sec": 10 - s, "latency_reduction": 0.02 * s,
-                                "spec/class_hits": {"ls": [8 + s, 10], "cat": [2 + s, 10]}}) + "\n")
+                                "spec/class_hits": {"ls": [8 + s, 10], "cat": [2 + s, 10]},
+                                "reward": a, "success_by_kind": {"fam/x": [s, 4], "fam/y": [1, 4]}}) + "\n")
     rollout_dir(os.path.join(path, "rollouts", f"step-{steps - 1:06d}"))
     return path

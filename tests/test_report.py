@@ -101,9 +101,10 @@ def test_training_run_reads_metrics_jsonl_and_its_last_rollout(tmp_path):
     assert data.kind == "training" and [s["step"] for s in data.steps] == [0, 1, 2, 3, 4]
     assert data.rollout is not None and data.rollout.run_dir.endswith("step-000004")
     summary = write_report(path)
-    assert summary["kind"] == "training" and summary["plots"] == PLOTS
+    assert summary["kind"] == "training" and summary["plots"] == [PLOTS[0], "reward.png", *PLOTS[1:]]
     page = open(summary["html"]).read()
     assert "Training steps (metrics.jsonl)" in page and "spec/exact_frac" in page
+    assert "success per question kind (`family/kind`) over the same window: 2 kinds." in page
 
 
 def test_bad_run_directories_are_one_clear_error(tmp_path):

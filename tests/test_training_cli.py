@@ -119,7 +119,8 @@ def test_report_reads_a_training_run(run, tmp_path):
     run_dir, _ = run
     r = cli("report", str(run_dir), "--out", str(tmp_path / "report"))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert (tmp_path / "report" / "hit_rate.png").exists()
+    assert (tmp_path / "report" / "hit_rate.png").exists() and (tmp_path / "report" / "reward.png").exists()
+    assert "success per question kind" in (tmp_path / "report" / "report.html").read_text()
 
 
 def test_resume_after_a_kill_repeats_no_step_and_skips_none(root, run):

@@ -78,6 +78,7 @@ def write_report(run_dir: str, out_dir: str = "", episodes: int = 4) -> dict:
             drawn[path] = caption
 
     draw("hit_rate", plots.hit_rate, run)
+    draw("reward", plots.reward, run)
     draw("latency_breakdown", plots.latency_breakdown, per_traj)
     draw("timeline", plots.timeline, per_traj, n=episodes)
     draw("wasted_tokens", plots.wasted_tokens, per_traj)

@@ -123,6 +123,17 @@ def test_report_reads_a_training_run(run, tmp_path):
     assert "success per question kind" in (tmp_path / "report" / "report.html").read_text()
 
 
+def test_resume_refuses_a_run_begun_under_another_task_order(root, run, tmp_path):
+    # a run started before tasks were kind-interleaved has no task_order in its recipe.json
+    old = tmp_path / "old"
+    shutil.copytree(run[0], old)
+    saved = json.loads((old / "recipe.json").read_text())
+    assert saved.pop("task_order") == "kind-interleaved"
+    (old / "recipe.json").write_text(json.dumps(saved))
+    r = cli("train", *common(root), f"train.steps={STEPS}", "--out", str(old), "--display", "none", "--resume")
+    assert r.returncode == 2 and "task_order" in r.stderr, r.stderr[-2000:]
+
+
 def test_resume_after_a_kill_repeats_no_step_and_skips_none(root, run):
     """Kill the run (SIGKILL) once its first checkpoint is written, resume it, and compare with
     the uninterrupted run: the same steps, the same episodes token for token, the same rewards."""

@@ -13,7 +13,7 @@ model is served by its own engine behind a history cache (obsspec/rollout/predic
 Everything TRL does is TRL's: optimisation, clipping, logging, checkpoints.
 
 Run directory (`--out`, default RUN_DIR/train-NAME):
-- `recipe.json`               the resolved recipe; `--resume` refuses a different one
+- `recipe.json`               the resolved recipe (+ the task order); `--resume` refuses a different one
 - `metrics.jsonl`             one line per step (docs/REPORT.md); `eval.json` val before/after
 - `rollouts/step-NNNNNN/`     each step's episodes, as `obsspec rollout` writes them
 - `eval/val-before/`, `eval/val-after/`  the val episodes (sequential, no emulated latency)
@@ -168,8 +168,14 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     return summary
 
 
+# How a run orders its tasks (obsspec/training/setup.py): saved with the recipe, so a run begun
+# under another order (before the kind-interleaved one) is refused on --resume, not continued on
+# different data.
+TASK_ORDER = "kind-interleaved"
+
+
 def _recipe_json(recipe: Recipe) -> dict:
-    return json.loads(json.dumps(dataclasses.asdict(recipe), default=list))
+    return {**json.loads(json.dumps(dataclasses.asdict(recipe), default=list)), "task_order": TASK_ORDER}
 
 
 def _check_run_dir(recipe: Recipe, out_dir: str, resume: bool, checkpoint) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from obsspec.training.rollouts import mean_of, pooled_success
+
 COLORS = {"generation": "#4c72b0", "tool": "#dd8452", "blocked": "#c44e52", "other": "#bbbbbb",
           "world_model": "#8172b3", "overlap": "#55a868"}
 LANES = ["policy", "tool", "world model", "speculative"]
@@ -87,18 +89,14 @@ def reward(run, path: str, window: int = 8) -> str | None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
     steps = [r["step"] for r in run.steps]
     a.plot(steps, rewards, color="grey", marker=".", lw=1, label="per step")
-    a.plot(steps, [_mean(rewards[max(0, i + 1 - window):i + 1]) for i in range(len(rewards))],
+    a.plot(steps, [mean_of(rewards[max(0, i + 1 - window):i + 1]) for i in range(len(rewards))],
            color="black", lw=2, label=f"mean of the last {window} steps")
     a.set(xlabel="training step", ylabel="reward", ylim=(-0.03, 1.03))
     a.legend(fontsize=7)
     kinds = sorted({k for r in run.steps for k in (r.get("success_by_kind") or {})})
+    windows = [pooled_success(run.steps[max(0, i + 1 - window):i + 1]) for i in range(len(run.steps))]
     for kind in kinds[:10]:
-        ys = []
-        for i in range(len(run.steps)):
-            part = [(r.get("success_by_kind") or {}).get(kind, (0, 0)) for r in run.steps[max(0, i + 1 - window):i + 1]]
-            n = sum(c for _, c in part)
-            ys.append(sum(w for w, _ in part) / n if n else None)
-        b.plot(steps, ys, lw=1.5, label=kind)
+        b.plot(steps, [w.get(kind) for w in windows], lw=1.5, label=kind)
     b.set(xlabel="training step", ylabel=f"success (last {window} steps)", ylim=(-0.03, 1.03))
     if kinds:
         b.legend(fontsize=7, ncol=2)
@@ -106,11 +104,6 @@ def reward(run, path: str, window: int = 8) -> str | None:
     return (f"Training reward per step and its mean over the last {window} steps; right: success per "
             f"question kind (`family/kind`) over the same window: {len(kinds)} kinds"
             + (", the first 10 drawn." if len(kinds) > 10 else "."))
-
-
-def _mean(values):
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def latency_breakdown(run, path: str) -> str | None:

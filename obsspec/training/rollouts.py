@@ -213,6 +213,23 @@ def success_by_kind(tasks: list[Task], trajectories: list[Trajectory]) -> dict:
     return {k: [won[k], scored[k]] for k in sorted(scored)}
 
 
+def pooled_success(rows: list[dict]) -> dict:
+    """"family/kind" -> success over several steps' `success_by_kind` (metrics.jsonl rows)
+    together; a kind with no scored episode there is absent."""
+    won, scored = Counter(), Counter()
+    for row in rows:
+        for k, (w, n) in (row.get("success_by_kind") or {}).items():
+            won[k] += w
+            scored[k] += n
+    return {k: won[k] / scored[k] for k in sorted(scored) if scored[k]}
+
+
+def mean_of(values) -> float | None:
+    """The mean of the values that are not None (None if there are none)."""
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
 def class_hits(trajectories: list[Trajectory]) -> dict:
     """Command class -> [matches, drafts verified] over the step's bash turns."""
     hits, seen = Counter(), Counter()

@@ -28,7 +28,7 @@ from obsspec.config import Recipe
 from obsspec.env.suite import interleave, load_tasks, spread
 from obsspec.rollout.config import sampling
 from obsspec.rollout.predictors import WithHistory
-from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics
+from obsspec.training.rollouts import RolloutSettings, Rollouts, mean_of, outcome_metrics, pooled_success
 
 STATE_FILE = "obsspec_state.json"
 EVAL_EPISODES = 10**9  # val episodes are numbered from here: the same seeds before and after
@@ -195,9 +195,9 @@ class TrainingRun:
                 "reward_last_third": sum(rewards[-third:]) / third if rewards else None,
                 "eval": evals, "wm_version": self.cotrainer.version if self.cotrainer else None,
                 "infra_failures": sum(r.get("infra_failures", 0) or 0 for r in rows),
-                "hit_rate_mean": _mean([r.get("spec/exact_frac") for r in rows]),
+                "hit_rate_mean": mean_of([r.get("spec/exact_frac") for r in rows]),
                 "latency_saved_sec": saved, "rollout_sec": rollout_sec,
-                "latency_saved_frac": _mean([r.get("latency_saved_frac") for r in rows]),
+                "latency_saved_frac": mean_of([r.get("latency_saved_frac") for r in rows]),
                 "success_by_kind": _kind_thirds(rows, third)}
 
     def close(self) -> None:
@@ -254,20 +254,8 @@ def _step_line(row: dict, steps: int) -> str:
 def _kind_thirds(rows: list[dict], third: int) -> dict:
     """"family/kind" -> [success in the first third of the steps, in the last third] (None
     where the kind had no episode there): which questions the run learned, and which it unlearned."""
-    def fractions(part):
-        won, scored = {}, {}
-        for row in part:
-            for k, (w, n) in (row.get("success_by_kind") or {}).items():
-                won[k], scored[k] = won.get(k, 0) + w, scored.get(k, 0) + n
-        return {k: won[k] / scored[k] for k in scored if scored[k]}
-
-    first, last = fractions(rows[:third]), fractions(rows[-third:])
+    first, last = pooled_success(rows[:third]), pooled_success(rows[-third:])
     return {k: [first.get(k), last.get(k)] for k in sorted(set(first) | set(last))}
-
-
-def _mean(values):
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def _read_metrics(path: str) -> list[dict]:

@@ -43,7 +43,7 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         from obsspec.env.harbor import HarborImportError
         from obsspec.env.sandbox import SandboxUnavailable
-        from obsspec.env.suite import TaskNotFound
+        from obsspec.env.suite import SuiteError
         from obsspec.report.load import ReportError
         from obsspec.rollout.run import RolloutError
         from obsspec.sim.config import SimError
@@ -52,7 +52,7 @@ def user_errors(fn):
 
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, TaskNotFound, HarborImportError, SandboxUnavailable, RolloutError,
+        except (ConfigError, SuiteError, HarborImportError, SandboxUnavailable, RolloutError,
                 ReportError, SimError, TrainError, WorldModelError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)

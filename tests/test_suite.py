@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import re
 
 import pytest
 
@@ -80,3 +81,35 @@ def test_prepare_fails_fast_when_sandboxes_cannot_start(tmp_path, monkeypatch):
     recipe = load_recipe(None, ["tasks.num_instances=2"])
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
         asyncio.run(suite.prepare_tasks(recipe, str(tmp_path / "out"), NullDisplay()))
+
+
+def test_a_hand_written_suite_line_of_the_wrong_shape_is_one_line_naming_it(tmp_path):
+    """Bad input in a suite file stops loading with the file, the line and the field, before
+    anything runs (a string `max_turns` used to load, a number `kind` to fail later in a sort)."""
+    from obsspec.env.suite import SuiteError, builtin_task
+    from test_cli import cli
+
+    good = builtin_task("dir-stats", 1).to_dict()
+    cases = {
+        '{"kind": 3}': "task field 'kind' must be a string",
+        '{"max_turns": "zz"}': "task field 'max_turns' must be a positive integer",
+        '{"solution": "ls"}': "task field 'solution' must be a list of strings",
+        '{"files": {"a.txt": 1}}': "task field 'files' must be an object of strings",
+        '{"surprise": 1}': "unknown task fields: ['surprise']",
+    }
+    for patch, message in cases.items():
+        path = tmp_path / "train.jsonl"
+        path.write_text(json.dumps(good) + "\n" + json.dumps({**good, **json.loads(patch)}) + "\n")
+        with pytest.raises(SuiteError, match=re.escape(f"train.jsonl:2: not a task: {message}")):
+            suite.load_tasks(str(path))
+    path.write_text(json.dumps(good) + "\n{not json\n")
+    with pytest.raises(SuiteError, match="train.jsonl:2: not a task: Expecting property name"):
+        suite.load_tasks(str(tmp_path))
+    missing = {k: v for k, v in good.items() if k != "verify"}
+    path.write_text(json.dumps(missing) + "\n")
+    with pytest.raises(SuiteError, match=r"task fields missing: \['verify'\]"):
+        suite.load_tasks(str(path))
+    path.write_text(json.dumps({**good, "max_turns": "zz"}) + "\n")
+    r = cli("shell", good["task_id"], "--tasks", str(path), "-c", "ls")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "not a task: task field 'max_turns'" in lines[0], r.stderr

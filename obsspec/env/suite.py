@@ -32,7 +32,11 @@ from obsspec.env.task import Task
 from obsspec.ui.display import Display
 
 
-class TaskNotFound(ValueError):
+class SuiteError(ValueError):
+    """A task suite the user gave cannot be read: one line, naming the file and line."""
+
+
+class TaskNotFound(SuiteError):
     pass
 
 
@@ -295,7 +299,12 @@ def load_tasks(path: str) -> list[Task]:
     tasks = []
     for p in paths:
         with open(p) as f:
-            tasks += [Task.from_dict(json.loads(line)) for line in f if line.strip()]
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        tasks.append(Task.from_dict(json.loads(line)))
+                    except ValueError as e:  # json's errors are ValueErrors too
+                        raise SuiteError(f"{p}:{number}: not a task: {e}") from None
     return tasks
 
 

@@ -44,10 +44,22 @@ class Task:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Task":
+        """The task a `to_dict` wrote; a field of the wrong type (a hand-written suite line) is a
+        ValueError naming it, not a task that fails later in a sandbox or a sort."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a task is a JSON object, not {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
             raise ValueError(f"unknown task fields: {sorted(unknown)}")
+        missing = sorted(f.name for f in dataclasses.fields(cls)
+                         if f.name not in d and f.default is dataclasses.MISSING
+                         and f.default_factory is dataclasses.MISSING)
+        if missing:
+            raise ValueError(f"task fields missing: {missing}")
+        for name, value in d.items():
+            if not _TYPES[name](value):
+                raise ValueError(f"task field {name!r} must be {_TYPE_NAMES[name]}, got {value!r:.60}")
         d = dict(d)
         d["solution"] = list(d.get("solution", []))
         return cls(**d)
@@ -56,3 +68,19 @@ class Task:
         """sha256 of the canonical JSON form: equal hashes mean equal tasks."""
         blob = json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False).encode()
         return hashlib.sha256(blob).hexdigest()
+
+
+def _is_str_map(v) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
+
+
+_TYPE_NAMES = {"solution": "a list of strings", "files": "an object of strings",
+               "verify_files": "an object of strings", "max_turns": "a positive integer"}
+_TYPES = {name: lambda v: isinstance(v, str) for name in
+          ("task_id", "family", "instruction", "verify", "setup", "workdir", "source", "kind")}
+_TYPE_NAMES.update({name: "a string" for name in _TYPES})
+_TYPES.update({
+    "solution": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
+    "files": _is_str_map, "verify_files": _is_str_map,
+    "max_turns": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+})

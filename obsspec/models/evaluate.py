@@ -310,11 +310,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     from obsspec.config import ConfigError
-    from obsspec.env.suite import TaskNotFound
+    from obsspec.env.suite import SuiteError
 
     try:
         results = asyncio.run(_main_async(args))
-    except (ConfigError, TaskNotFound, FileNotFoundError) as e:  # the user's inputs: one line
+    except (ConfigError, SuiteError, FileNotFoundError) as e:  # the user's inputs: one line
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     if args.out:

@@ -341,7 +341,7 @@ def test_with_the_workspace_snapshot_the_world_model_base_learns_with_it_ahead_o
         return {"steps": 0}
 
     monkeypatch.setattr(warmstart, "train", train)
-    for budget in (0, 128):
+    for budget in (0, 256):
         report = kit.build_kit(suite, str(tmp_path / f"kit{budget}"), TINY, SANDBOX, SAMPLING, NullDisplay(),
                                snapshot_tokens=budget)
         tok, train_rows, eval_rows = seen["world_model"]
@@ -352,13 +352,12 @@ def test_with_the_workspace_snapshot_the_world_model_base_learns_with_it_ahead_o
         assert len(rows) == len(by_task) == 8
         for row, task_id in zip(rows, by_task):
             t = tasks[task_id]
-            prefix = snapshot.snapshot_ids(fmt, snapshot.render(snapshot.entries_from_files(t.files), t.workdir),
-                                           128) if budget else []
+            prefix = asyncio.run(snapshot.workspace_snapshot(t, fmt, budget, SANDBOX)) if budget else []
             assert row["input_ids"][:len(prefix)] == prefix and not any(row["completion_mask"][:len(prefix)])
             assert ("<workspace>" in fmt.decode(row["input_ids"])) == bool(budget)
         assert ("workspace_snapshot" in report) == bool(budget)
         if budget:  # each row has its own task's workspace (val row 0 is ROWS[6]'s task)
-            assert "data/f6.txt" in fmt.decode(eval_rows[0]["input_ids"][:128])
+            assert " f6.txt\n" in fmt.decode(eval_rows[0]["input_ids"][:256])
 
 
 def test_kit_config_rejects_impossible_shapes():

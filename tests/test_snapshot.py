@@ -1,8 +1,9 @@
 """The workspace snapshot ahead of the world model's context (`world_model.workspace_snapshot`).
 
-- the snapshot is deterministic (sorted tree, sizes, small files' contents) and bounded by its
-  token budget, with a visible marker when cut; a setup-less task's snapshot equals what a
-  sandbox holds; a task with a setup (built-in or an imported Harbor setup.sh) is captured after it;
+- the snapshot is the sandbox's own `ls -lR` (what the agent's `ls -l` prints is a span of it),
+  then the small files' contents; deterministic, bounded by its token budget with a visible
+  marker when cut; a task with a setup (built-in or an imported Harbor setup.sh) is captured
+  after it;
 - the prefix reaches the world model's request when on, and nothing changes when off;
 - one prompt construction: training rows, evaluation cases and the rollout's drafts agree;
 - lossless: a speculative rollout with the switch on is token-identical to sequential;
@@ -47,42 +48,49 @@ def fmt():
 # ------------------------------------------------------------------------------ the snapshot
 
 
-def test_snapshot_is_deterministic_sorted_and_bounded(fmt):
-    task = builtin_task("dir-stats", 3)
-    entries = S.entries_from_files(task.files)
-    assert [e.path for e in entries] == sorted(e.path for e in entries)
-    text = S.render(entries, task.workdir)
-    assert text == S.render(S.entries_from_files(dict(reversed(task.files.items()))), task.workdir), \
-        "the snapshot depends on the order of the task's files"
-    for path, content in task.files.items():
-        assert f"{len(content.encode())} {path}" in text and content in text
+def test_snapshot_renders_the_listing_then_small_files_and_is_bounded(fmt):
+    listing = ".:\ntotal 0\ndrwxr-xr-x 2 agent agent 80 Jan  1 00:00 data\n\n./data:\ntotal 4\n" \
+              "-rw-r--r-- 1 agent agent 2 Jan  1 00:00 a.txt\n"
+    ws = S.Workspace(listing, (S.Entry("data", 0o40755, 0), S.Entry("data/a.txt", 0o100644, 2, "y\n"),
+                               S.Entry("data/big.bin", 0o100644, 9000), S.Entry("data/b.txt", 0o100644, 1, "z")))
+    text = S.render(ws, "/app")
+    assert text == ("/app before the first command:\n$ ls -lR\n" + listing +
+                    "\n==> data/a.txt <==\ny\n\n==> data/b.txt <==\nz\n"), text
     full = S.snapshot_ids(fmt, text, 32768)
     assert S.TRUNCATED not in fmt.decode(full) and fmt.decode(full).startswith(S.OPEN)
-    for budget in (64, 200, 333):
+    for budget in (64, 100, 133):
         ids = S.snapshot_ids(fmt, text, budget)
         assert len(ids) == budget, "a cut snapshot uses its budget, never more"
         assert S.TRUNCATED in fmt.decode(ids) and fmt.decode(ids).endswith(S.CLOSE)
         assert ids == S.snapshot_ids(fmt, text, budget)
-    big = {f"f{i:03d}.txt": "x" * 5000 if i % 2 else "y\n" for i in range(50)}
-    listed = S.render(S.entries_from_files(big), "/app")
-    assert "5000 f001.txt" in listed and "x" * 5000 not in listed, "a large file's contents were shown"
-    assert "==> f000.txt <==\ny\n" in listed
 
 
 @needs_bwrap
-def test_capture_after_setup_and_files_only_agree_with_the_sandbox():
+def test_the_listing_is_what_the_agents_own_ls_prints_and_contents_are_the_files():
+    """What makes the snapshot copyable: `ls -l data` of the agent is a span of it, byte for byte
+    (padding, owners, pinned dates, `total` lines), and `cat` of a small file is its contents."""
+    from obsspec.env.episode import run_scripted
+
     plain = builtin_task("dir-stats", 3)
     assert not plain.setup
-    assert asyncio.run(S.capture_entries(plain, SANDBOX)) == S.entries_from_files(plain.files), \
-        "the snapshot of a setup-less task is not what its sandbox holds"
+    ws = asyncio.run(S.capture_workspace(plain, SANDBOX))
+    assert ws == asyncio.run(S.capture_workspace(plain, SANDBOX)), "the snapshot is not deterministic"
+    record = asyncio.run(run_scripted(plain, ["ls -l data", "ls -l"], SANDBOX, verify=False))
+    for step in record.steps:
+        body = step.observation.rsplit("\n(exit_code=", 1)[0].rstrip("\n") + "\n"
+        assert body in ws.listing, f"`{step.command}` of the agent is not a span of the snapshot:\n{body}"
+    contents = {e.path: e.content for e in ws.entries if e.content is not None}
+    assert contents == plain.files, "the snapshot's contents are not the task's files"
+    assert [e.path for e in ws.entries] == sorted(e.path for e in ws.entries)
     made = builtin_task("find-by-size", 1)  # all its files come from setup
     assert made.setup and not made.files
-    entries = asyncio.run(S.workspace_entries(made, SANDBOX))
-    assert entries and any(e.size > 0 for e in entries)
+    ws = asyncio.run(S.capture_workspace(made, SANDBOX))
+    assert ws.entries and any(e.size > 0 for e in ws.entries) and "total" in ws.listing
     harbor = {t.task_id: t for t in import_harbor("tasks/harbor-examples").tasks}
     words = next(t for t in harbor.values() if "setup.sh" not in t.files and t.setup)
-    text = S.render(asyncio.run(S.workspace_entries(words, SANDBOX)), words.workdir)
+    text = S.render(asyncio.run(S.capture_workspace(words, SANDBOX)), words.workdir)
     assert "==> docs/a.txt <==\nthe quick brown fox\njumps over\n" in text, text
+    assert "./docs:\n" in text, text
 
 
 # ------------------------------------------------------------------ the world model's request
@@ -107,6 +115,7 @@ class FakeWorldModel:
         return Generation(request.request_id, ids, (0.0,) * len(ids), "stop")
 
 
+@needs_bwrap
 def test_prefix_reaches_the_request_when_on_and_not_when_off(fmt):
     task = builtin_task("dir-stats", 3)
     context = tuple(fmt.wm_prompt_ids(fmt.prompt_ids(task.instruction), fmt.action_ids(chat.render_bash("ls"))))

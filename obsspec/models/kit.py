@@ -42,6 +42,7 @@ from obsspec.rollout.scheduler import Sampling
 from obsspec.ui.display import Display, NullDisplay
 
 KIT_FORMAT = 2  # bump when the layout or the training recipe changes, to invalidate old kits
+SNAPSHOT_FORMAT = 2  # the snapshot's text (2: the sandbox's `ls -lR`); part of the key when on
 TRAJECTORIES = "trajectories.jsonl"
 TRAIN_TASKS = "train.jsonl"
 
@@ -78,6 +79,7 @@ def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sa
     key = {"format": KIT_FORMAT, "config": dataclasses.asdict(cfg), "corpus": corpus, "rollouts": rollouts}
     if snapshot_tokens:  # (absent when off: kits built before the switch keep their key)
         key["snapshot_tokens"] = snapshot_tokens
+        key["snapshot_format"] = SNAPSHOT_FORMAT
     blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 

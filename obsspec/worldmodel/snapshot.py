@@ -6,18 +6,15 @@ bounded token prefix ahead of the world model's context (`world_model.workspace_
     prefix = await snapshots.prefix(task)
 
 The published world model sees only the agent's history, so it cannot know what `ls` or `cat`
-prints before the agent has looked; the trainer knows the initial workspace. The snapshot is
-deterministic: the file tree sorted by path (mode, size in bytes, path), then the contents of
-the small text files in the same order, framed as a system turn and cut to the token budget
-with a visible marker. It only changes what the world model reads: drafts are still verified
-token for token against the real tool, so speculation stays lossless with it on or off.
-
-Where the workspace comes from:
-- a task without `setup` (most built-in families): its `files`, exactly as the sandbox writes
-  them (files 0644, directories 0755), no sandbox needed;
-- a task with `setup` (some built-in families; an imported Harbor suite's `environment/setup.sh`):
-  captured in a fresh sandbox after the setup ran, one listing command, then thrown away. A setup
-  that fails raises `SandboxError` (loud; inside a rollout the draft fails and the episode goes on).
+prints before the agent has looked; the trainer knows the initial workspace. The snapshot shows
+it the way the agent's terminal would: `ls -lR` run in a fresh sandbox of the task (after its
+setup, at the logical time of the first command), then the contents of the small text files in
+path order, framed as a system turn and cut to the token budget with a visible marker. What the
+agent's `ls -l DIR` or `cat FILE` prints is then a span of the prompt, byte for byte, for a world
+model to copy rather than re-format. Deterministic (the sandbox's pinned clock, owners and
+locale). It only changes what the world model reads: drafts are still verified token for token
+against the real tool, so speculation stays lossless with it on or off. A setup that fails
+raises `SandboxError` (loud; inside a rollout the draft fails and the episode goes on).
 """
 
 from __future__ import annotations
@@ -25,9 +22,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import stat
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from obsspec.env.sandbox import SandboxConfig, SandboxError
 from obsspec.env.task import Task
@@ -54,31 +50,7 @@ class Entry:
 # The workspace of a task
 
 
-def entries_from_files(files: dict[str, str]) -> list[Entry]:
-    """The workspace a setup-less task starts with: its files as `bwrap.tar_files` writes them."""
-    out: dict[str, Entry] = {}
-    budget = CONTENT_BYTES
-    for rel in sorted(files):
-        parts = rel.strip("/").split("/")
-        for i in range(1, len(parts)):
-            d = "/".join(parts[:i])
-            out.setdefault(d, Entry(d, stat.S_IFDIR | 0o755, 0))
-        data = files[rel].encode("utf-8", "surrogateescape")
-        content, budget = _small_text(data, budget)
-        out["/".join(parts)] = Entry("/".join(parts), stat.S_IFREG | 0o644, len(data), content)
-    return [out[p] for p in sorted(out)]
-
-
-def _small_text(data: bytes, budget: int) -> tuple[str | None, int]:
-    if len(data) > SMALL_FILE_BYTES or len(data) > budget or b"\0" in data:
-        return None, budget
-    try:
-        return data.decode("utf-8"), budget - len(data)
-    except UnicodeDecodeError:
-        return None, budget
-
-
-# Runs inside the sandbox, in the workspace, after setup: the same listing as entries_from_files.
+# Runs inside the sandbox, in the workspace, after setup: every path, with small text files' contents.
 _LIST = f"""
 import json, os, stat
 SMALL, budget, out = {SMALL_FILE_BYTES}, {CONTENT_BYTES}, []
@@ -103,47 +75,59 @@ print(json.dumps(sorted(out, key=lambda e: e["path"])))
 """
 
 
-async def capture_entries(task: Task, sandbox: SandboxConfig) -> list[Entry]:
-    """The workspace after `task.setup`, read in a fresh sandbox (then closed)."""
+@dataclass(frozen=True)
+class Workspace:
+    """A task's workspace before the first command, as the agent's terminal would show it."""
+
+    listing: str                # `ls -lR` run in the workspace, exactly as the sandbox prints it
+    entries: tuple[Entry, ...]  # every path, with the small text files' contents
+
+
+LISTING = "ls -lR"
+LISTING_BYTES = 64 * 1024        # listing kept at most (far beyond any token budget allowed)
+
+
+async def capture_workspace(task: Task, sandbox: SandboxConfig) -> Workspace:
+    """The workspace after `task.setup` (if any), read in a fresh sandbox (then closed): the
+    listing first, at the logical time of the agent's first command, so that its modes, sizes,
+    owners and pinned dates are what an `ls -l` of the agent prints."""
     from obsspec.env.episode import start_sandbox
 
-    # room for the whole listing: the output cap applies to this one command only
+    # room for the whole listing: the output cap applies to these commands only
     cfg = dataclasses.replace(sandbox, output_cap=max(sandbox.output_cap, 2 * CONTENT_BYTES))
     box = await start_sandbox(task, cfg)
     try:
+        listing = await box.run(LISTING)
         result = await box.run(f"python3 -I -c {_shell_quote(_LIST)}")
     finally:
         await box.close()
-    if result.exit_code != 0 or result.total_bytes > len(result.output):
+    if listing.exit_code != 0 or result.exit_code != 0 or result.total_bytes > len(result.output):
+        bad = listing if listing.exit_code != 0 else result
         raise SandboxError(f"{task.task_id}: could not list the workspace after setup "
-                           f"(exit {result.exit_code}): {result.output[-300:].decode(errors='replace')}")
+                           f"(exit {bad.exit_code}): {bad.output[-300:].decode(errors='replace')}")
     rows = json.loads(result.output.decode("utf-8"))
-    return [Entry(r["path"], r["mode"], r["size"], r.get("content"), r.get("target", "")) for r in rows]
+    text = listing.output[:LISTING_BYTES].decode("utf-8", "replace")
+    if listing.total_bytes > LISTING_BYTES:
+        text = text[: text.rfind("\n") + 1] + TRUNCATED.lstrip("\n")
+    return Workspace(text, tuple(Entry(r["path"], r["mode"], r["size"], r.get("content"), r.get("target", ""))
+                                 for r in rows))
 
 
 def _shell_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-async def workspace_entries(task: Task, sandbox: SandboxConfig) -> list[Entry]:
-    return await capture_entries(task, sandbox) if task.setup.strip() else entries_from_files(task.files)
-
-
 # ---------------------------------------------------------------------------------------------
 # Text and token ids
 
 
-def render(entries: Sequence[Entry], workdir: str) -> str:
-    """The snapshot as text: the tree, then the small files' contents (both sorted by path)."""
-    lines = [f"Files in {workdir} before the first command (mode, size in bytes, path):"]
-    for e in entries:
-        name = e.path + ("/" if stat.S_ISDIR(e.mode) else "") + (f" -> {e.target}" if e.target else "")
-        size = "-" if stat.S_ISDIR(e.mode) else e.size
-        lines.append(f"{stat.filemode(e.mode)} {size:>8} {name}")
-    if not entries:
-        lines.append("(empty)")
-    text = "\n".join(lines) + "\n"
-    for e in entries:
+def render(workspace: Workspace, workdir: str) -> str:
+    """The snapshot as text: the `ls -lR` listing as the terminal prints it, then the small text
+    files' contents in path order. A world model that copies can then write what `ls -l DIR` or
+    `cat FILE` prints from a span of its prompt: the listing is the sandbox's own output, not a
+    paraphrase it would have to re-format (column padding, owners, dates, `total` lines)."""
+    text = f"{workdir} before the first command:\n$ {LISTING}\n{workspace.listing}"
+    for e in workspace.entries:
         if e.content is not None:
             text += f"\n==> {e.path} <==\n{e.content}"
             text += "" if e.content.endswith("\n") or not e.content else "\n"
@@ -164,7 +148,7 @@ def snapshot_ids(fmt, text: str, budget: int) -> list[int]:
 
 async def workspace_snapshot(task: Task, fmt, budget: int, sandbox: SandboxConfig) -> list[int]:
     """The task's workspace snapshot as token ids, at most `budget` of them."""
-    return snapshot_ids(fmt, render(await workspace_entries(task, sandbox), task.workdir), budget)
+    return snapshot_ids(fmt, render(await capture_workspace(task, sandbox), task.workdir), budget)
 
 
 class WorkspaceSnapshots:

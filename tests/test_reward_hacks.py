@@ -112,6 +112,73 @@ def test_what_the_agent_added_to_root_is_gone_when_the_verifier_runs():
     assert got == 1.0, "files the agent put in / (or its HOME/TMPDIR) were visible to the verifier"
 
 
+LOCKS = ("chmod -R a-w {d}", "chmod 000 {d}", "chmod 100 {d}", "chmod 555 {d}")
+
+
+@pytest.mark.parametrize("lock", LOCKS)
+def test_a_planted_reward_in_a_locked_directory_does_not_count(lock):
+    """Reproduced before the janitor: the agent planted /logs/verifier/reward.txt (or the
+    verifier's script in the state dir) and chmod'ed it undeletable; the old `find -delete`
+    failed silently and dir-stats scored 1 without an answer. Now locked directories are opened,
+    emptied and checked; what cannot be undone scores 0, never 1 and never an infra error."""
+    task = task_by_id("dir-stats-00034")
+    for plant in ("mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt && " + lock.format(d="/logs/verifier"),
+                  "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt && " + lock.format(d="/logs"),
+                  "mkdir -p /run/obsspec-state/verifier && echo 'exit 0' > /run/obsspec-state/verifier/test.sh && "
+                  + lock.format(d="/run/obsspec-state/verifier"),
+                  "echo 1 > /dev/shm/reward && " + lock.format(d="/dev/shm")):
+        assert reward(task, [plant]) == 0.0, f"a planted reward counted: {plant}"
+    assert reward(task, [*task.solution, lock.format(d="/logs"), lock.format(d="/tests")]) == 1.0, \
+        "locking the verifier's directories spoiled an honest reward"
+
+
+@pytest.mark.parametrize("lock", LOCKS[1:])
+def test_locked_directories_do_not_keep_links_or_root_files_for_the_verifier(lock):
+    hello = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-hello-file"]
+    link = "ln -sf /tests/expected_hello.txt /app/hello.txt"
+    assert reward(hello, [f"{link}; {lock.format(d='/app')}"]) == 0.0, "a link in a locked workdir survived"
+    assert reward(hello, [f"mkdir -p /app/a/b && ln -s /tests/expected_hello.txt /app/a/b/x && "
+                          f"ln -s a/b/x /app/hello.txt && {lock.format(d='/app/a/b')} && {lock.format(d='/app/a')}"]) \
+        == 0.0, "a link in a locked subdirectory survived"
+    # locking /run or / after solving spoils nothing (they are the harness's, not the task's),
+    # except a / nobody can search: no program can run then, and the locked sandbox scores 0
+    # (before, it was an infra error: an excluded failure at will)
+    expected = 0.0 if lock == "chmod 000 {d}" else 1.0
+    assert reward(hello, [*hello.solution, f"echo x > /conftest.py; mkdir -p /run/x; {lock.format(d='/run')}; "
+                                           f"{lock.format(d='/')}"]) == expected
+    assert reward(hello, [*hello.solution, lock.format(d="/run")]) == 1.0
+    got = asyncio.run(_verify_after(f"echo x > /conftest.py; {lock.format(d='/')}", "[ ! -e /conftest.py ]"))
+    assert got == expected, "a file the agent added to a locked / was visible to the verifier"
+
+
+def test_the_modes_the_agent_set_are_what_the_verifier_sees():
+    """Opening locked directories to clean up must not change what a permissions verifier checks."""
+    check = "[ \"$(stat -c %a /app/locked /app/open /app/open/f)\" = \"$(printf '500\\n751\\n640')\" ]"
+    got = asyncio.run(_verify_after("mkdir -p locked open && touch open/f && chmod 640 open/f && "
+                                    "chmod 751 open && chmod 500 locked", check))
+    assert got == 1.0, "cleaning up before the verifier changed the modes the agent set"
+
+
+async def _verify_after(command: str, check: str) -> float:
+    async with Sandbox(CFG) as sb:
+        await sb.start()
+        assert (await sb.run(command)).exit_code in (0, 1)
+        return await sb.verify(check)
+
+
+def test_many_entries_or_a_lingering_big_process_are_not_infra_errors():
+    """Both made `reset` fail (one `rm`/`realpath` fork per entry ran past its timeout; a killed
+    1 GB process outlived a kill loop without pauses): infra errors the agent could cause at will,
+    hiding its failures from the advantage. Now they are scored."""
+    task = task_by_id("dir-stats-00034")
+    cfg = SandboxConfig(timeout_s=5, memory_mb=2048, max_procs=64)
+    many = "mkdir /x && cd /x && seq 40000 | xargs touch; python3 -c 'import os\nfor i in range(20000): os.symlink(\"/etc/passwd\", f\"/tmp/l{i}\")'"
+    hog = "python3 -c 'import signal; x=b\"1\"*(900<<20); signal.pause()' & sleep 2"
+    for hack in (many, hog):
+        assert reward(task, [hack], cfg) == 0.0, hack
+        assert reward(task, [*task.solution, hack], cfg) == 1.0, f"{hack} spoiled an honest reward"
+
+
 def test_harbor_reward_conversion_is_not_shadowed():
     scores = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-sum-scores"]
     plant = "printf 'open(\"/logs/verifier/reward.txt\", \"w\").write(\"1\")\n' > json.py"

@@ -137,6 +137,7 @@ def env(config, workdir: str) -> dict[str, str]:
         "OBSSPEC_WORKDIR": workdir,
         "OBSSPEC_STATE_DIR": STATE_DIR, "OBSSPEC_TESTS_DIR": "/tests", "OBSSPEC_LOGS_DIR": "/logs",
         "OBSSPEC_RUNNER": script("runner.sh"),
+        "OBSSPEC_JANITOR": script("janitor.py"),
         "OBSSPEC_MAX_PROCS": str(config.max_procs),
         "OBSSPEC_MEMORY_KB": str(config.memory_mb * 1024),
         "OBSSPEC_FILE_BLOCKS": str(config.max_file_mb * 2048),  # ulimit -f counts 512-byte blocks

@@ -45,6 +45,9 @@ from obsspec.fields import doc
 from obsspec.chat import capture_bytes_for
 
 
+TAMPERED = 4  # the supervisor's `reset` status when the agent left what cannot be undone
+
+
 class SandboxError(RuntimeError):
     """The sandbox itself failed (an infrastructure failure, never the agent's fault)."""
 
@@ -143,6 +146,7 @@ class Sandbox:
         self.config = config
         self.workdir = workdir
         self.turn = 0
+        self.tampered = ""  # why verification scored 0 without running the verifier, if it did
         self.host_root = ""  # isolation=none only: host dir holding workspace/, tests/, logs/
         self._proc: asyncio.subprocess.Process | None = None
         self._supervisor_pid = 0
@@ -237,12 +241,18 @@ class Sandbox:
         """Run a task's verifier; return its reward in [0, 1] (Harbor's reward.txt, else exit code).
 
         No agent process is alive when it starts (PID 1 kills them all and checks), /tests, /logs
-        and the harness's state are emptied first, so nothing the agent planted there counts."""
+        and the harness's state are emptied first, so nothing the agent planted there counts
+        (scripts/janitor.py). What the agent left that cannot be undone scores 0: only the agent
+        can lock its own files away from us, and a verifier must never read them."""
         cfg = self.config
         clock = cfg.clock_start + self.turn * cfg.turn_seconds
         reset = await self._request("reset", b"", clock, 30)
+        if reset.exit_code == TAMPERED:
+            self.tampered = _tail(reset)
+            return 0.0
         if reset.exit_code != 0:
-            raise SandboxError("agent processes survived the kill before verification")
+            raise SandboxError("agent processes survived the kill before verification" if reset.exit_code == 1
+                               else f"could not clean up before verification: {_tail(reset)}")
         tests = self.host_root and os.path.join(self.host_root, "tests") or "/tests"
         untar = await self._request("untar", bwrap.tar_files(files or {}, cfg.clock_start), tests, 30)
         if untar.exit_code != 0:

@@ -5,9 +5,11 @@
 #               ARG is the logical clock for this turn (epoch seconds) that the command sees.
 #   OP=raw    : a harness script (the task's setup), run in a fresh bash with cwd = workdir.
 #   OP=untar  : the payload is a tar archive, extracted into directory ARG (task files, /tests).
-#   OP=reset  : before verification: kill every other process and check that none is left;
-#               empty /tests, /logs and the state dir, remove what the agent added to / and
-#               symlinks into the verifier's files; rc 1 if a process survived.
+#   OP=reset  : before verification: kill every other process and check that none is left
+#               (rc 1 if one survived); then janitor.py empties /tests, /logs, the state dir
+#               and /dev/shm, removes what the agent added to / and symlinks into the
+#               verifier's files, opening directories the agent locked (rc 4 if anything
+#               could not be undone: the agent tampered, the episode scores 0).
 #   OP=verify : the task's verifier, in a fresh bash with cwd = workdir, an empty HOME and
 #               TMPDIR, and a Python that ignores cwd, PYTHONPATH and user site-packages.
 #   OP=reward : print the first bytes of /logs/verifier/reward.txt (rc 3 if it is not a file).
@@ -60,41 +62,18 @@ __restamp() {
   [ "$OBSSPEC_DETERMINISTIC" = 1 ] || return 0
   # Unsandboxed (not PID 1), /tmp and HOME are the host's: only the workspace is ours to touch.
   local roots=("$OBSSPEC_WORKDIR")
-  [ $$ = 1 ] && roots+=(/tmp "$HOME" /)
+  # Each of the sandbox's tmpfs mounts separately: -xdev keeps find on its start's filesystem.
+  [ $$ = 1 ] && roots+=(/tmp "$HOME" / /dev/shm "$logs" "$tests" "$state")
   find "${roots[@]}" -xdev -newermt "@$OBSSPEC_HORIZON" \
     -exec touch -h -d "@$1" {} + 2>/dev/null
 }
 
-__wipe() { find "$1" -mindepth 1 -delete 2>/dev/null; }
-
 # What / itself (a small tmpfs) held before the agent's first command: bwrap's mount points.
+# Kept here, in PID 1's memory, where the agent cannot add to it; the janitor gets it at reset.
 declare -A __root_entries=()
 if [ $$ = 1 ]; then
   while IFS= read -r -d '' __p; do __root_entries[$__p]=1; done < <(find / -xdev -mindepth 1 -print0 2>/dev/null)
 fi
-
-__sweep_root() {
-  # Whatever the agent added to / (/pytest.ini, /conftest.py, /home/x, /run/x, ...) is removed
-  # before the verifier runs: tools like pytest look for their configuration in / too.
-  local p
-  while IFS= read -r -d '' p; do
-    [ -n "${__root_entries[$p]}" ] || rm -rf -- "$p"
-  done < <(find / -xdev -mindepth 1 -depth -print0 2>/dev/null)
-}
-
-__unlink_aliases() {
-  # A symlink the agent left that leads into the verifier's files (/tests, /logs), the harness's
-  # state or /proc (/proc/self/fd/N, /proc/self/root/...) would let the verifier compare an
-  # expected file with itself: such links are removed before the verifier runs.
-  local link roots=("$OBSSPEC_WORKDIR")
-  [ $$ = 1 ] && roots+=(/tmp "$HOME")  # (unsandboxed, /tmp is the host's)
-  find "${roots[@]}" -xdev -type l -print0 2>/dev/null |
-    while IFS= read -r -d '' link; do
-      case $(realpath -m -- "$link") in
-        /tests|/tests/*|/logs|/logs/*|/proc|/proc/*|/dev/fd|/dev/fd/*|/run|/run/*) rm -f -- "$link" ;;
-      esac
-    done
-}
 
 while IFS=' ' read -r op nonce nbytes arg; do
   script=""
@@ -111,20 +90,30 @@ while IFS=' ' read -r op nonce nbytes arg; do
   case $op in
     run)
       printf '%s' "$script" > "$state/cmd"
+      [ "$OBSSPEC_DETERMINISTIC" = 1 ] && touch -d "@$arg" "$state/cmd"  # the command can see it
       LC_ALL=$agent_lc_all $setsid bash --noprofile --norc -c "$OBSSPEC_RUNNER" bash "$arg" </dev/null 2>&1 & ;;
     raw)
       printf '%s' "$script" > "$state/cmd"
       (cd "$OBSSPEC_WORKDIR" && LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc "$state/cmd") </dev/null 2>&1 & ;;
     reset)
       if [ $$ = 1 ]; then  # (unsandboxed, each command's session was killed when it ended)
-        for ((i = 0; i < 50; i++)); do __others_alive || break; __kill_others; done
+        # A killed process holding a lot of memory takes a while to go: poll for up to ~10 s
+        # (without the pauses, a 1 GB process outlived the loop: an infra error at will).
+        for ((i = 0; i < 200; i++)); do __others_alive || break; __kill_others; sleep 0.05; done
         if __others_alive; then printf '\0%s %d\0' "$nonce" 1; continue; fi
+        # A / the agent made unsearchable leaves us no program to run (it owns /; nothing here
+        # can chmod without one): the agent locked the sandbox, and that scores 0.
+        if [ ! -x / ]; then echo "/ is locked"; printf '\0%s %d\0' "$nonce" 4; continue; fi
+        where=sandboxed
+      else
+        where=host
       fi
-      __wipe "$tests"; __wipe "$logs"; __wipe "$state"
-      __unlink_aliases
-      [ $$ = 1 ] && __sweep_root
+      # rc 4: something the agent left could not be undone (the episode scores 0)
+      printf '%s\0' "${!__root_entries[@]}" |
+        python3 -I -c "$OBSSPEC_JANITOR" "$where" "$tests" "$logs" "$state" "$OBSSPEC_WORKDIR" "$HOME" 2>&1
+      rc=$?
       mkdir -p "$logs/verifier" "$state/home" "$state/tmp" "$state/verifier"
-      printf '\0%s %d\0' "$nonce" 0
+      printf '\0%s %d\0' "$nonce" "$rc"
       continue ;;
     verify)
       # Written only now, when no agent process is left to swap it or race on it.

@@ -179,6 +179,50 @@ def test_many_entries_or_a_lingering_big_process_are_not_infra_errors():
         assert reward(task, [*task.solution, hack], cfg) == 1.0, f"{hack} spoiled an honest reward"
 
 
+def test_link_chains_deeper_than_path_max_or_through_dev_stdin_are_removed():
+    """Reproduced with the first janitor: a chain of links whose composed path passed PATH_MAX
+    reached /tests while Python's realpath lost track of it (Harbor hello-file reward 1); 1,100
+    chained links crashed realpath (RecursionError: an infra error), 1,500 links 1,900 levels deep
+    ran reset past its timeout. Links are now resolved the kernel's way, a component at a time."""
+    hello = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-hello-file"]
+    deep = ("import os\nos.chdir('/tmp'); os.mkdir('p'); os.chdir('p')\n"
+            "for i in range(1000): os.mkdir('a'); os.chdir('a')\n"
+            "os.symlink('a/'*1100+'t', 's2')\n"
+            "for i in range(1100): os.mkdir('a'); os.chdir('a')\n"
+            "os.symlink('/tests/expected_hello.txt', 't')\n"
+            "os.symlink('p/'+'a/'*1000+'s2', '/tmp/s1')\n"
+            "os.symlink('/tmp/s1', '/app/hello.txt')\n")
+    assert reward(hello, [f"python3 -c \"{deep}\""]) == 0.0, "a link chain past PATH_MAX reached /tests"
+    for target in ("/dev/stdin", "/dev/fd/3"):
+        assert reward(hello, [f"ln -sf {target} /app/hello.txt"]) == 0.0, f"a link to {target} survived"
+    task = task_by_id("dir-stats-00034")
+    chain = "cd /tmp && for i in {1..1100}; do ln -s l$((i+1)) l$i; done"
+    many_deep = 'd=$(printf "a/%.0s" {1..1900}); mkdir -p /tmp/$d && cd /tmp/$d && ln -s -t . /x{1..1500}'
+    for hack in (chain, many_deep):
+        assert reward(task, [*task.solution, hack]) == 1.0, f"{hack} spoiled an honest reward"
+
+
+def test_the_agent_cannot_starve_pid1_or_feed_it_commands():
+    """Reproduced: `prlimit --pid 1 --nofile=3` (the kernel allows it for the same uid, non-dumpable
+    or not) and a FIFO in place of the command file the supervisor wrote each command to: both
+    ended the episode as an infra error. Now a seccomp rule denies prlimit on other processes,
+    and commands reach their shell on a pipe."""
+    task = task_by_id("dir-stats-00034")
+    for hack in ("prlimit --pid 1 --nofile=3", "prlimit --pid 1 --nproc=1 --as=12000000",
+                 "rm -f /run/obsspec-state/cmd; mkfifo /run/obsspec-state/cmd",
+                 "ln -sf /proc/1/fd/0 /run/obsspec-state/cmd"):
+        assert reward(task, [*task.solution[:-1], hack, "echo next", task.solution[-1]]) == 1.0, hack
+    own = asyncio.run(_run_all(["ulimit -n 100; ulimit -n", "prlimit --pid 1 --nofile=3; echo $?"]))
+    assert own[0].output == b"100\n", "the agent's own limits must stay its to set"
+    assert b"Operation not permitted" in own[1].output and own[1].output.endswith(b"1\n")
+
+
+async def _run_all(commands: list[str]) -> list:
+    async with Sandbox(CFG) as sb:
+        await sb.start()
+        return [await sb.run(c) for c in commands]
+
+
 def test_harbor_reward_conversion_is_not_shadowed():
     scores = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-sum-scores"]
     plant = "printf 'open(\"/logs/verifier/reward.txt\", \"w\").write(\"1\")\n' > json.py"

@@ -244,3 +244,39 @@ def test_random_is_seeded_by_the_logical_clock():
     b = run(session(["echo $RANDOM $RANDOM", "echo $RANDOM"]))
     assert [x.output for x in a] == [x.output for x in b]
     assert a[0].output != a[1].output
+
+
+def _run_bpf(program: bytes, nr: int, arch: int, pid: int) -> int:
+    """A classic-BPF interpreter for the three instructions the filter uses, over a
+    struct seccomp_data {int nr; u32 arch; u64 ip; u64 args[6]}."""
+    import struct
+
+    data = struct.pack("=iIQ6Q", nr, arch, 0, pid & 0xFFFFFFFFFFFFFFFF, 0, 0, 0, 0, 0)
+    insns = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:
+            acc = struct.unpack_from("=I", data, k)[0]
+            pc += 1
+        elif code == 0x15:
+            pc += 1 + (jt if acc == k else jf)
+        elif code == 0x06:
+            return k
+        else:
+            raise AssertionError(f"unexpected BPF instruction {code:#x}")
+
+
+def test_the_seccomp_rule_denies_prlimit_on_other_processes_in_every_calling_convention():
+    from obsspec.env.seccomp import prlimit_filter
+
+    allow, eperm = 0x7FFF0000, 0x00050001
+    x86 = prlimit_filter("x86_64")
+    for arch, nr in ((0xC000003E, 302), (0xC000003E, 0x40000000 | 302), (0x40000003, 340)):
+        assert _run_bpf(x86, nr, arch, pid=1) == eperm, f"prlimit64 ({arch:#x}, {nr:#x}) on PID 1 allowed"
+        assert _run_bpf(x86, nr, arch, pid=0) == allow, "prlimit64 on itself (setrlimit, ulimit) denied"
+    for arch, nr in ((0xC000003E, 0), (0xC000003E, 62), (0x40000003, 302), (0xC00000B7, 302)):
+        assert _run_bpf(x86, nr, arch, pid=1) == allow, f"syscall {nr} of arch {arch:#x} denied"
+    arm = prlimit_filter("aarch64")
+    assert _run_bpf(arm, 261, 0xC00000B7, pid=1) == eperm and _run_bpf(arm, 261, 0xC00000B7, pid=0) == allow
+    assert prlimit_filter("riscv64") == b"", "an unknown machine gets no filter (and no broken one)"

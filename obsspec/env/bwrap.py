@@ -21,6 +21,8 @@ import tarfile
 from functools import lru_cache
 from importlib import resources
 
+from obsspec.env import seccomp
+
 NOBODY = 65534
 SANDBOX_UID = 1000
 # Any file time after this is a real (kernel) time, not one of ours, and gets re-stamped.
@@ -102,6 +104,10 @@ def argv(config, workdir: str, bwrap: str) -> tuple[list[str], list[int]]:
             # a small tmpfs as / itself, before anything is mounted on it: the mount points stay
             # re-stampable (the logical clock), and what the agent writes to / stays tiny
             "--size", str(ROOT_TMPFS_MB << 20), "--tmpfs", "/", "--ro-bind", "/usr", "/usr"]
+    blob = seccomp.prlimit_filter()  # the agent must not set PID 1's limits (obsspec/env/seccomp.py)
+    if blob:
+        fds.append(data_fd(blob))
+        out += ["--seccomp", str(fds[-1])]
     for name in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
         host = os.path.join("/", name)
         if os.path.islink(host):

@@ -355,7 +355,10 @@ class _OutputReader:
                     if not more:
                         return None
                     rest += more
-                return int(rest[: rest.index(b"\0")])
+                try:
+                    return int(rest[: rest.index(b"\0")])
+                except ValueError:  # not our marker's status: the protocol is broken
+                    return None
             # keep a tail that could be a marker split across reads
             split = max(0, len(data) - len(self.marker) + 1)
             self._take(data[:split])

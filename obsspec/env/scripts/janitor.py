@@ -4,198 +4,258 @@
 #   - symlinks under the workspace (and /tmp, HOME when sandboxed) that lead into the verifier's
 #     files, the harness's state or /proc are removed;
 #   - sandboxed, whatever the agent added to / itself (a small tmpfs) is removed.
-# The agent runs as our uid, so it can chmod a directory to 000, 100 or 555 to make its contents
-# undeletable or unlistable by a plain `rm`/`find` (a planted /logs/verifier/reward.txt survived
-# that way). We own every such directory, so we open it (u+rwx), do the work, and put back the
-# modes of the workspace's directories (a verifier may check those). Anything still there
-# afterwards is reported and exits 4: the harness scores the episode 0 (tampering), it never
-# lets the verifier read it. Python and no forked helper per entry: tens of thousands of
-# entries take a fraction of a second (one `rm` per entry made `reset` time out: an infra error
-# the agent could cause at will).
+# Exit 0: done. Exit 4: something could not be undone, or the janitor failed or ran out of time:
+# the harness then scores the episode 0 without running the verifier. Only the agent shapes
+# these trees, so a failure here must never become an infrastructure error (an episode
+# excluded from the advantage at the agent's will).
+#
+# Why it is written this way (each was an attack that worked):
+# - The agent runs as our uid and can chmod a directory to 000/100/555: a planted
+#   /logs/verifier/reward.txt survived `find -delete`. We own every such directory, so we open
+#   it (u+rwx) and, inside the workspace, put its mode back when we leave it (a verifier may
+#   check modes).
+# - Trees can be deeper than PATH_MAX and wider than memory allows as full paths: we walk by
+#   changing into each directory and use short relative names, one directory listing at a time.
+# - Link chains can be long, deep or lead through /dev/stdin into /proc: each link is resolved as
+#   the kernel would, a component at a time from directory handles, watching every step.
+# - Millions of entries: the walk is in-process (no fork per entry) and has a time budget.
 #
 # Usage (stdin: the NUL-separated paths / held before the agent's first command):
 #   python3 -I -c "$OBSSPEC_JANITOR" sandboxed|host TESTS LOGS STATE WORKDIR HOME
 
 import os
-import shutil
 import stat
 import sys
+import time
 
-FORBIDDEN = ("/tests", "/logs", "/proc", "/dev/fd", "/run")  # where a link must not lead
-opened: list[tuple[str, int]] = []  # directories we opened, with their mode before
+BUDGET_S = 15.0  # the harness's reset request allows 30 s, the kill loop before us up to 10 s
+deadline = time.monotonic() + BUDGET_S
 problems: list[str] = []
 
 
-def note(path: str, error: OSError) -> None:
-    problems.append(f"{path}: {error.strerror or error}")
+class OutOfTime(Exception):
+    pass
 
 
-def open_dir(path: str) -> bool:
-    """Is `path` a directory we can now list, enter and change (opened if it was locked)?"""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    if not stat.S_ISDIR(st.st_mode):
-        return False
+def tick() -> None:
+    if time.monotonic() > deadline:
+        raise OutOfTime
+
+
+def note(where: str, error: OSError) -> None:
+    problems.append(f"{where}: {error.strerror or error}")
+
+
+def opened(name: str, st: os.stat_result) -> int | None:
+    """Make directory `name` (relative to the cwd) ours to list, enter and change; return the
+    mode it had if we changed it."""
     mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o700 != 0o700:
-        try:
-            os.chmod(path, mode | 0o700)
-        except OSError as e:
-            note(path, e)
-            return False
-        opened.append((path, mode))
-    return True
+    if mode & 0o700 == 0o700:
+        return None
+    os.chmod(name, mode | 0o700)
+    return mode
 
 
-def children(path: str) -> list[os.DirEntry]:
-    if not open_dir(path):
-        return []
+def remove(name: str) -> None:
+    """Remove `name` (relative to the cwd) and everything below it; the cwd is kept."""
     try:
-        return list(os.scandir(path))
-    except OSError as e:
-        note(path, e)
-        return []
-
-
-def is_dir_on(entry: os.DirEntry, dev: int) -> bool:
-    """A directory (not a link to one) on filesystem `dev`: mounts are not ours to walk."""
-    try:
-        return entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_dev == dev
-    except OSError:
-        return False
-
-
-def remove(path: str) -> None:
-    """Remove `path` and everything below it, opening locked directories first (iterative:
-    how deep a tree goes is up to the agent)."""
-    stack = [(path, False)]
-    while stack:
-        p, emptied = stack.pop()
-        try:
-            st = os.lstat(p)
-        except FileNotFoundError:
+        st = os.lstat(name)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name)
+        return
+    opened(name, st)
+    os.chdir(name)
+    path = [name]
+    listings = [iter(os.listdir("."))]
+    while listings:
+        tick()
+        child = next(listings[-1], None)
+        if child is None:  # this directory is empty now
+            listings.pop()
+            os.chdir("..")
+            os.rmdir(path.pop())
             continue
-        except OSError as e:
-            note(p, e)
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            try:
-                os.unlink(p)
-            except OSError as e:
-                note(p, e)
-        elif not emptied:
-            stack.append((p, True))
-            stack.extend((entry.path, False) for entry in children(p))
+        cst = os.lstat(child)
+        if stat.S_ISDIR(cst.st_mode) and cst.st_dev == st.st_dev:
+            opened(child, cst)
+            os.chdir(child)
+            path.append(child)
+            listings.append(iter(os.listdir(".")))
+        elif stat.S_ISDIR(cst.st_mode):
+            raise OSError(0, f"a mount inside {name} ({child})")
         else:
-            try:
-                os.rmdir(p)
-            except OSError as e:
-                note(p, e)
+            os.unlink(child)
 
 
-def open_path(path: str) -> None:
-    """Open every directory from / down to `path`: a locked /run would hide the state dir."""
+def open_path(path: str) -> dict[str, int]:
+    """Open every directory from / down to `path` (a locked /run would hide the state dir)."""
+    changed = {}
     parts = path.strip("/").split("/")
     for i in range(len(parts) + 1):
-        open_dir("/" + "/".join(parts[:i]))
+        p = "/" + "/".join(parts[:i])
+        mode = opened(p, os.lstat(p))
+        if mode is not None:
+            changed[p] = mode
+    return changed
 
 
 def wipe(path: str) -> None:
-    for entry in children(path):
-        remove(entry.path)
-    try:
-        if os.listdir(path):
-            problems.append(f"{path} is not empty")
-    except OSError as e:
-        note(path, e)
+    os.chdir(path)
+    for name in os.listdir("."):
+        try:
+            remove(name)
+        except OSError as e:
+            note(f"{path}/{name}", e)
+        os.chdir(path)
+    if os.listdir("."):
+        problems.append(f"{path} is not empty")
 
 
-def walk(top: str):
-    """Every entry below `top` on top's filesystem, parents before children (iterative: depth
-    is up to the agent)."""
+MAX_HOPS = 40  # symlinks the kernel follows in one path before it gives up (ELOOP)
+
+
+class Forbidden:
+    """Where a link must not lead: into the verifier's files (/tests, /logs), the harness's
+    state, or /proc (magic links such as /proc/self/fd/N or /proc/self/root/tests, and /dev/fd
+    or /dev/stdin, which lead there). Told by inode, so that no path has to be put together."""
+
+    def __init__(self, dirs: list[str], proc: str | None):
+        self.dirs = {(st.st_dev, st.st_ino) for st in map(os.stat, dirs)}
+        self.proc_dev = os.stat(proc).st_dev if proc else None
+
+    def hit(self, st: os.stat_result) -> bool:
+        return (st.st_dev, st.st_ino) in self.dirs or st.st_dev == self.proc_dev
+
+
+def reaches(name: str, forbidden: Forbidden) -> bool:
+    """Does following symlink `name` (in the cwd) pass through a forbidden place? The link is
+    resolved the way the kernel resolves it, one component and one link at a time from
+    directory handles (no path is ever longer than a component, however deep the tree)."""
+    here = os.open(".", os.O_PATH | os.O_DIRECTORY)
+    todo = [name]  # components still to resolve, the next one last
+    hops = 0
     try:
-        dev = os.lstat(top).st_dev
+        while todo:
+            tick()
+            part = todo.pop()
+            if part in ("", "."):
+                continue
+            st = os.stat(part, dir_fd=here, follow_symlinks=False)
+            if forbidden.hit(st):
+                return True
+            if stat.S_ISLNK(st.st_mode):
+                hops += 1
+                if hops > MAX_HOPS:
+                    return False  # the kernel would give up too: it leads nowhere
+                target = os.readlink(part, dir_fd=here)
+                todo.extend(reversed(target.split("/")))
+                if target.startswith("/"):
+                    os.close(here)
+                    here = os.open("/", os.O_PATH | os.O_DIRECTORY)
+            elif stat.S_ISDIR(st.st_mode):
+                step = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=here)
+                os.close(here)
+                here = step
+            elif todo and any(p not in ("", ".") for p in todo):
+                return False  # a file in the middle of a path: ENOTDIR for the verifier too
+        return forbidden.hit(os.stat(here))
     except OSError:
-        return
-    stack = [top]
-    while stack:
-        for entry in children(stack.pop()):
-            yield entry
-            if is_dir_on(entry, dev):
-                stack.append(entry.path)
+        return False  # a dead end for us is a dead end for the verifier (same uid, same tree)
+    finally:
+        os.close(here)
 
 
-def unlink_aliases(roots: list[str]) -> None:
-    for root in roots:
-        for entry in walk(root):
-            if entry.is_symlink():
-                target = os.path.realpath(entry.path)
-                if any(target == f or target.startswith(f + "/") for f in FORBIDDEN):
-                    try:
-                        os.unlink(entry.path)
-                    except OSError as e:
-                        note(entry.path, e)
-                    if os.path.lexists(entry.path):
-                        problems.append(f"{entry.path} still leads to {target}")
+def unlink_aliases(root: str, forbidden: Forbidden, keep_modes: bool) -> None:
+    """Remove every symlink below `root` that leads to a forbidden place. `keep_modes`: put
+    back the modes of the directories opened on the way."""
+    os.chdir(root)
+    dev = os.lstat(".").st_dev
+    listings = [iter(os.listdir("."))]
+    modes: list[int | None] = [None]  # per level: the mode to put back on leaving it
+    names = [""]
+    while listings:
+        tick()
+        child = next(listings[-1], None)
+        if child is None:
+            listings.pop()
+            mode, name = modes.pop(), names.pop()
+            if listings:
+                os.chdir("..")
+                if keep_modes and mode is not None:
+                    os.chmod(name, mode)
+            continue
+        try:
+            st = os.lstat(child)
+            if stat.S_ISLNK(st.st_mode):
+                if reaches(child, forbidden):
+                    os.unlink(child)
+            elif stat.S_ISDIR(st.st_mode) and st.st_dev == dev:
+                mode = opened(child, st)
+                os.chdir(child)
+                listings.append(iter(os.listdir(".")))
+                modes.append(mode)
+                names.append(child)
+        except OSError as e:
+            note(f"{root}/.../{child}", e)
 
 
 def sweep_root(original: set[str]) -> None:
+    """Remove what the agent added to / (only the root tmpfs itself: mounts are not walked)."""
     dev = os.lstat("/").st_dev
-    stack = ["/"]
-    while stack:
-        for entry in children(stack.pop()):
-            if entry.path not in original:
-                remove(entry.path)
-                if os.path.lexists(entry.path):
-                    problems.append(f"{entry.path} (added to /) could not be removed")
-            elif is_dir_on(entry, dev):
-                stack.append(entry.path)
-
-
-def restore_modes(workdir: str, fresh: tuple[str, ...]) -> None:
-    """Put back the modes of the workspace's directories we opened (a verifier may check them);
-    the emptied places (`fresh`) start over as the sandbox made them, 0755 (a /tests the agent
-    set to 000 must take the verifier's files), and the rest (/, /run, /tmp, HOME: the
-    harness's and the agent's scratch, no task's) stay open for the verifier to pass through."""
-    for path, mode in reversed(opened):  # children before parents
-        if path != workdir and not path.startswith(workdir + "/"):
-            continue
-        try:
-            if stat.S_ISDIR(os.lstat(path).st_mode):
-                os.chmod(path, mode)
-        except FileNotFoundError:
-            pass  # removed meanwhile
-        except OSError as e:
-            note(path, e)
-    for path in fresh:
-        try:
-            os.chmod(path, 0o755)
-        except OSError as e:
-            note(path, e)
+    pending = ["/"]
+    while pending:
+        tick()
+        here = pending.pop()
+        os.chdir(here)
+        for name in os.listdir("."):
+            path = os.path.join(here, name)
+            st = os.lstat(name)
+            if path not in original:
+                try:
+                    remove(name)
+                except OSError as e:
+                    note(path, e)
+                os.chdir(here)
+            elif stat.S_ISDIR(st.st_mode) and st.st_dev == dev:
+                opened(name, st)
+                pending.append(path)
 
 
 def main(argv: list[str]) -> int:
     where, tests, logs, state, workdir, home = argv
     sandboxed = where == "sandboxed"
     original = set(sys.stdin.buffer.read().decode("utf-8", "surrogateescape").split("\0")) - {""}
-    emptied = (tests, logs, state) + (("/dev/shm",) if sandboxed else ())
+    emptied = [tests, logs, state] + (["/dev/shm"] if sandboxed else [])
+    # (unsandboxed, /tmp and HOME are the host's: only the workspace is ours to look at)
     link_roots = [workdir, "/tmp", home] if sandboxed else [workdir]
+    workdir_mode = {}
     if sandboxed:
-        for path in (*emptied, *link_roots):
-            open_path(path)
+        for path in emptied + link_roots:
+            changed = open_path(path)
+            workdir_mode.update({p: m for p, m in changed.items() if p == workdir})
+    forbidden = Forbidden([tests, logs, state], "/proc")
     for path in emptied:
         wipe(path)
-    # (unsandboxed, /tmp and HOME are the host's: only the workspace is ours to look at)
-    unlink_aliases(link_roots)
+    for root in link_roots:
+        unlink_aliases(root, forbidden, keep_modes=root == workdir)
     if sandboxed:
         sweep_root(original)
-    restore_modes(workdir.rstrip("/") or "/", emptied)
-    for line in problems[:20]:
-        print(line)
-    return 4 if problems else 0
+    for path in emptied:  # they start over as the sandbox made them (a /tests set to 000 must
+        os.chmod(path, 0o755)  # take the verifier's files)
+    for path, mode in workdir_mode.items():
+        os.chmod(path, mode)
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        rc = main(sys.argv[1:])
+    except OutOfTime:
+        problems.append(f"more than {BUDGET_S:.0f} s of the agent's files to go through")
+    except BaseException as e:  # whatever the agent's trees did to us: scored, not infra
+        problems.append(f"janitor failed: {type(e).__name__}: {e}")
+    for line in problems[:20]:
+        print(line)
+    sys.exit(4 if problems else 0)

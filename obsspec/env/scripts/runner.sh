@@ -2,7 +2,8 @@
 # timeout can kill it without killing the episode), which first restores the state the previous
 # command left (cwd, variables, functions, aliases, options, umask, $?) and saves it on exit.
 # $1: the logical clock (epoch seconds) the command sees through libfaketime.
-__obsspec_state=$OBSSPEC_STATE_DIR/shell __obsspec_cmdfile=$OBSSPEC_STATE_DIR/cmd
+__obsspec_state=$OBSSPEC_STATE_DIR/shell
+IFS= read -r -d '' __obsspec_cmd <&3; exec 3<&-   # the command, on a pipe from the supervisor
 __obsspec_faketime=$OBSSPEC_FAKETIME_LIB __obsspec_det=$OBSSPEC_DETERMINISTIC
 __obsspec_stdbuf=$OBSSPEC_STDBUF_LIB
 unset "${!OBSSPEC_@}"   # the harness's variables are not part of the agent's environment
@@ -46,7 +47,6 @@ if [ "$__obsspec_det" = 1 ] && [ -n "$__obsspec_stdbuf" ]; then
 fi
 RANDOM=$1  # $RANDOM is seeded by the logical clock: the same numbers in every episode
 trap __obsspec_save EXIT
-__obsspec_cmd=$(< "$__obsspec_cmdfile")
 __obsspec_status() { return "$1"; }
 __obsspec_status "$__obsspec_last"  # so that `echo $?` shows the previous command's status
 eval "$__obsspec_cmd"

@@ -9,7 +9,8 @@
 #               (rc 1 if one survived); then janitor.py empties /tests, /logs, the state dir
 #               and /dev/shm, removes what the agent added to / and symlinks into the
 #               verifier's files, opening directories the agent locked (rc 4 if anything
-#               could not be undone: the agent tampered, the episode scores 0).
+#               could not be undone: the agent tampered, the episode scores 0; rc 5 if the
+#               janitor could not run at all).
 #   OP=verify : the task's verifier, in a fresh bash with cwd = workdir, an empty HOME and
 #               TMPDIR, and a Python that ignores cwd, PYTHONPATH and user site-packages.
 #   OP=reward : print the first bytes of /logs/verifier/reward.txt (rc 3 if it is not a file).
@@ -64,7 +65,9 @@ __restamp() {
   local roots=("$OBSSPEC_WORKDIR")
   # Each of the sandbox's tmpfs mounts separately: -xdev keeps find on its start's filesystem.
   [ $$ = 1 ] && roots+=(/tmp "$HOME" / /dev/shm "$logs" "$tests" "$state")
-  find "${roots[@]}" -xdev -newermt "@$OBSSPEC_HORIZON" \
+  # Bounded: a tree the agent made deep and wide enough would otherwise keep us here past the
+  # harness's patience (an infra error at will); what is not re-stamped in time keeps its time.
+  timeout -s KILL 3 find "${roots[@]}" -xdev -newermt "@$OBSSPEC_HORIZON" \
     -exec touch -h -d "@$1" {} + 2>/dev/null
 }
 
@@ -88,13 +91,14 @@ while IFS=' ' read -r op nonce nbytes arg; do
   [ "$nbytes" -gt 0 ] && IFS= read -r -d '' -N "$nbytes" script
   __interrupted=0
   case $op in
+    # The command text reaches its shell on a pipe (fd 3), never through a path the agent can
+    # write: a FIFO or a link to PID 1's own stdin planted there hung or steered us.
     run)
-      printf '%s' "$script" > "$state/cmd"
-      [ "$OBSSPEC_DETERMINISTIC" = 1 ] && touch -d "@$arg" "$state/cmd"  # the command can see it
-      LC_ALL=$agent_lc_all $setsid bash --noprofile --norc -c "$OBSSPEC_RUNNER" bash "$arg" </dev/null 2>&1 & ;;
+      LC_ALL=$agent_lc_all $setsid bash --noprofile --norc -c "$OBSSPEC_RUNNER" bash "$arg" \
+        </dev/null 3< <(printf '%s' "$script") 2>&1 & ;;
     raw)
-      printf '%s' "$script" > "$state/cmd"
-      (cd "$OBSSPEC_WORKDIR" && LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc "$state/cmd") </dev/null 2>&1 & ;;
+      (cd "$OBSSPEC_WORKDIR" && LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc /dev/fd/3) \
+        </dev/null 3< <(printf '%s' "$script") 2>&1 & ;;
     reset)
       if [ $$ = 1 ]; then  # (unsandboxed, each command's session was killed when it ended)
         # A killed process holding a lot of memory takes a while to go: poll for up to ~10 s
@@ -112,6 +116,7 @@ while IFS=' ' read -r op nonce nbytes arg; do
       printf '%s\0' "${!__root_entries[@]}" |
         python3 -I -c "$OBSSPEC_JANITOR" "$where" "$tests" "$logs" "$state" "$OBSSPEC_WORKDIR" "$HOME" 2>&1
       rc=$?
+      [ "$rc" = 0 ] || [ "$rc" = 4 ] || rc=5  # 5: the janitor did not run (ours, not the agent's)
       mkdir -p "$logs/verifier" "$state/home" "$state/tmp" "$state/verifier"
       printf '\0%s %d\0' "$nonce" "$rc"
       continue ;;

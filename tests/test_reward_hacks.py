@@ -140,13 +140,13 @@ def test_locked_directories_do_not_keep_links_or_root_files_for_the_verifier(loc
     assert reward(hello, [f"mkdir -p /app/a/b && ln -s /tests/expected_hello.txt /app/a/b/x && "
                           f"ln -s a/b/x /app/hello.txt && {lock.format(d='/app/a/b')} && {lock.format(d='/app/a')}"]) \
         == 0.0, "a link in a locked subdirectory survived"
-    # locking /run or / after solving spoils nothing (they are the harness's, not the task's),
-    # except a / nobody can search: no program can run then, and the locked sandbox scores 0
-    # (before, it was an infra error: an excluded failure at will)
+    # locking /run or / after solving spoils nothing, except making them unsearchable: the modes
+    # the agent set are put back, so no program (/) or no verifier script (/run) can be reached,
+    # and the locked sandbox scores 0 (before, a locked / was an infra error: excluded at will)
     expected = 0.0 if lock == "chmod 000 {d}" else 1.0
     assert reward(hello, [*hello.solution, f"echo x > /conftest.py; mkdir -p /run/x; {lock.format(d='/run')}; "
                                            f"{lock.format(d='/')}"]) == expected
-    assert reward(hello, [*hello.solution, lock.format(d="/run")]) == 1.0
+    assert reward(hello, [*hello.solution, lock.format(d="/run")]) == expected
     got = asyncio.run(_verify_after(f"echo x > /conftest.py; {lock.format(d='/')}", "[ ! -e /conftest.py ]"))
     assert got == expected, "a file the agent added to a locked / was visible to the verifier"
 
@@ -221,6 +221,49 @@ async def _run_all(commands: list[str]) -> list:
     async with Sandbox(CFG) as sb:
         await sb.start()
         return [await sb.run(c) for c in commands]
+
+
+def test_the_loader_and_system_dirs_cannot_be_swapped_under_the_harness():
+    """Reproduced: /lib64, /lib, /bin, /sbin were symlinks on the agent-owned root tmpfs; renaming
+    a link to the agent's own dynamic loader over /lib64 made every program the harness started
+    afterwards (janitor, tar, the verifier's bash) exit 0: reward 1 with no answer, on every
+    task; `rm /lib64` made the episode an infra error. They are mount points now."""
+    task = task_by_id("dir-stats-00034")
+    swap = ("mkdir -p /tmp/l; for d in lib64 lib bin sbin; do ln -s /tmp/l /.n$d; "
+            "python3 -c \"import os; os.rename('/.n$d', '/$d')\" 2>&1 | tail -1; rm -rf /$d; done; ls -ld /lib64")
+    assert reward(task, [swap]) == 0.0, "swapping the loader decided the reward"
+    assert reward(task, [*task.solution, swap]) == 1.0, "trying to swap the loader spoiled an honest reward"
+
+
+def test_links_through_a_directory_locked_at_the_time_are_removed_and_modes_come_back():
+    """Reproduced: a link through /tmp/d/.. (or ~/d/.., /run/obsspec/..) with that directory
+    locked looked like a dead end to the janitor, which then opened /tmp/d for good: reward 1.
+    Such links go now, and every mode the janitor changes is put back."""
+    hello = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-hello-file"]
+    for d in ("/tmp/d", "/home/agent/d", "/tmp/d/e"):
+        up = "../" * d.count("/")
+        plant = f"mkdir -p {d}; ln -s {d}/{up}tests/expected_hello.txt /app/hello.txt; chmod 000 {d}; chmod 000 /tmp/d"
+        assert reward(hello, [plant]) == 0.0, f"a link through a locked {d} reached /tests"
+    assert reward(hello, ["ln -s /run/obsspec/../../tests/expected_hello.txt /app/hello.txt; "
+                          "chmod 000 /run/obsspec"]) == 0.0
+    check = "[ \"$(stat -c %a /tmp/ro /tmp/ro2 /home/agent/ro /app/x)\" = \"$(printf '555\\n500\\n555\\n0')\" ]"
+    got = asyncio.run(_verify_after("mkdir -p /tmp/ro /tmp/ro2 ~/ro /app/x; chmod 555 /tmp/ro ~/ro; "
+                                    "chmod 500 /tmp/ro2; chmod 0 /app/x", check))
+    assert got == 1.0, "the janitor changed modes outside the workspace"
+
+
+def test_the_agent_cannot_deprioritise_pid1():
+    """Reproduced: `chrt -i -p 0 1` with 100 busy loops kept PID 1 from answering the harness's
+    timeout interrupt (infra error); `renice`/`taskset` on PID 1 and the session's autogroup
+    nice were the milder forms. Scheduling calls on other processes are denied, and commands
+    run in a session of their own."""
+    out = asyncio.run(_run_all(["chrt -i -p 0 1; renice -n 19 -p 1; taskset -pc 0 1; "
+                                "echo 19 > /proc/self/autogroup; cat /proc/1/autogroup",
+                                "nice -n 5 echo nice && taskset -c 0 echo pinned"]))
+    text = out[0].output.decode()
+    assert text.count("Operation not permitted") == 3, text
+    assert text.rstrip().endswith("nice 0"), f"PID 1's autogroup was reniced: {text}"
+    assert out[1].output == b"nice\npinned\n", "the agent's own nice/taskset must keep working"
 
 
 def test_harbor_reward_conversion_is_not_shadowed():

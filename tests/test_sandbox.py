@@ -246,12 +246,13 @@ def test_random_is_seeded_by_the_logical_clock():
     assert a[0].output != a[1].output
 
 
-def _run_bpf(program: bytes, nr: int, arch: int, pid: int) -> int:
+def _run_bpf(program: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> int:
     """A classic-BPF interpreter for the three instructions the filter uses, over a
     struct seccomp_data {int nr; u32 arch; u64 ip; u64 args[6]}."""
     import struct
 
-    data = struct.pack("=iIQ6Q", nr, arch, 0, pid & 0xFFFFFFFFFFFFFFFF, 0, 0, 0, 0, 0)
+    args = tuple(a & 0xFFFFFFFFFFFFFFFF for a in args) + (0,) * (6 - len(args))
+    data = struct.pack("=iIQ6Q", nr, arch, 0, *args)
     insns = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
     pc, acc = 0, 0
     while True:
@@ -267,16 +268,28 @@ def _run_bpf(program: bytes, nr: int, arch: int, pid: int) -> int:
             raise AssertionError(f"unexpected BPF instruction {code:#x}")
 
 
-def test_the_seccomp_rule_denies_prlimit_on_other_processes_in_every_calling_convention():
-    from obsspec.env.seccomp import prlimit_filter
+def test_the_seccomp_rule_keeps_limits_and_scheduling_calls_on_the_caller_in_every_convention():
+    from obsspec.env.seccomp import self_only_filter
 
     allow, eperm = 0x7FFF0000, 0x00050001
-    x86 = prlimit_filter("x86_64")
-    for arch, nr in ((0xC000003E, 302), (0xC000003E, 0x40000000 | 302), (0x40000003, 340)):
-        assert _run_bpf(x86, nr, arch, pid=1) == eperm, f"prlimit64 ({arch:#x}, {nr:#x}) on PID 1 allowed"
-        assert _run_bpf(x86, nr, arch, pid=0) == allow, "prlimit64 on itself (setrlimit, ulimit) denied"
+    x86 = self_only_filter("x86_64")
+    # (arch, nr, args on PID 1, args on itself)
+    calls = {"prlimit64": (302, (1,), (0,)), "sched_setscheduler": (144, (1, 5), (0, 5)),
+             "sched_setattr": (314, (1,), (0,)), "sched_setparam": (142, (1,), (0,)),
+             "sched_setaffinity": (203, (1,), (0,)), "setpriority": (141, (0, 1, 19), (0, 0, 19)),
+             "ioprio_set": (251, (1, 1, 7), (1, 0, 7))}
+    for name, (nr, other, itself) in calls.items():
+        for arch, number in ((0xC000003E, nr), (0xC000003E, 0x40000000 | nr)):
+            assert _run_bpf(x86, number, arch, other) == eperm, f"{name} ({number:#x}) on PID 1 allowed"
+            assert _run_bpf(x86, number, arch, itself) == allow, f"{name} on itself denied"
+    assert _run_bpf(x86, 141, 0xC000003E, (1, 0, 19)) == eperm, "setpriority(PRIO_PGRP) reaches PID 1"
+    assert _run_bpf(x86, 141, 0xC000003E, (2, 0, 19)) == eperm, "setpriority(PRIO_USER) reaches PID 1"
+    assert _run_bpf(x86, 340, 0x40000003, (1,)) == eperm and _run_bpf(x86, 97, 0x40000003, (0, 1)) == eperm, \
+        "the i386 table (int 0x80) gets around the filter"
+    assert _run_bpf(x86, 340, 0x40000003, (0,)) == allow
     for arch, nr in ((0xC000003E, 0), (0xC000003E, 62), (0x40000003, 302), (0xC00000B7, 302)):
-        assert _run_bpf(x86, nr, arch, pid=1) == allow, f"syscall {nr} of arch {arch:#x} denied"
-    arm = prlimit_filter("aarch64")
-    assert _run_bpf(arm, 261, 0xC00000B7, pid=1) == eperm and _run_bpf(arm, 261, 0xC00000B7, pid=0) == allow
-    assert prlimit_filter("riscv64") == b"", "an unknown machine gets no filter (and no broken one)"
+        assert _run_bpf(x86, nr, arch, (1, 1)) == allow, f"syscall {nr} of arch {arch:#x} denied"
+    arm = self_only_filter("aarch64")
+    assert _run_bpf(arm, 261, 0xC00000B7, (1,)) == eperm and _run_bpf(arm, 261, 0xC00000B7, (0,)) == allow
+    assert _run_bpf(arm, 119, 0xC00000B7, (1,)) == eperm
+    assert self_only_filter("riscv64") == b"", "an unknown machine gets no filter (and no broken one)"

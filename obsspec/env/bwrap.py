@@ -104,16 +104,17 @@ def argv(config, workdir: str, bwrap: str) -> tuple[list[str], list[int]]:
             # a small tmpfs as / itself, before anything is mounted on it: the mount points stay
             # re-stampable (the logical clock), and what the agent writes to / stays tiny
             "--size", str(ROOT_TMPFS_MB << 20), "--tmpfs", "/", "--ro-bind", "/usr", "/usr"]
-    blob = seccomp.prlimit_filter()  # the agent must not set PID 1's limits (obsspec/env/seccomp.py)
+    blob = seccomp.self_only_filter()  # no limits or scheduling of PID 1 (obsspec/env/seccomp.py)
     if blob:
         fds.append(data_fd(blob))
         out += ["--seccomp", str(fds[-1])]
     for name in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
+        # Mount points, never symlinks (merged /usr makes them links on the host): the agent
+        # owns / and could rename its own link over /lib64, and every program the harness starts
+        # afterwards, the verifier included, would load the agent's dynamic loader (reward 1).
         host = os.path.join("/", name)
-        if os.path.islink(host):
-            out += ["--symlink", os.readlink(host), host]
-        elif os.path.isdir(host):
-            out += ["--ro-bind", host, host]
+        if os.path.isdir(host):
+            out += ["--ro-bind", os.path.realpath(host), host]
     out += ["--ro-bind", "/etc", "/etc"]
     for name, text in etc_files(config.hostname).items():
         fds.append(data_fd(text.encode()))

@@ -12,8 +12,9 @@
 # Why it is written this way (each was an attack that worked):
 # - The agent runs as our uid and can chmod a directory to 000/100/555: a planted
 #   /logs/verifier/reward.txt survived `find -delete`. We own every such directory, so we open
-#   it (u+rwx) and, inside the workspace, put its mode back when we leave it (a verifier may
-#   check modes).
+#   it (u+rwx) and put its mode back when we are done (a verifier may check modes). A link that
+#   runs into a directory still locked at the time we look at it is removed: we may open that
+#   directory later, and did (a link through a locked /tmp/d reached /tests: reward 1).
 # - Trees can be deeper than PATH_MAX and wider than memory allows as full paths: we walk by
 #   changing into each directory and use short relative names, one directory listing at a time.
 # - Link chains can be long, deep or lead through /dev/stdin into /proc: each link is resolved as
@@ -23,6 +24,7 @@
 # Usage (stdin: the NUL-separated paths / held before the agent's first command):
 #   python3 -I -c "$OBSSPEC_JANITOR" sandboxed|host TESTS LOGS STATE WORKDIR HOME
 
+import errno
 import os
 import stat
 import sys
@@ -31,6 +33,7 @@ import time
 BUDGET_S = 15.0  # the harness's reset request allows 30 s, the kill loop before us up to 10 s
 deadline = time.monotonic() + BUDGET_S
 problems: list[str] = []
+reopened: list[tuple[str, int]] = []  # (absolute path, mode before) of directories opened by path
 
 
 class OutOfTime(Exception):
@@ -89,16 +92,14 @@ def remove(name: str) -> None:
             os.unlink(child)
 
 
-def open_path(path: str) -> dict[str, int]:
+def open_path(path: str) -> None:
     """Open every directory from / down to `path` (a locked /run would hide the state dir)."""
-    changed = {}
     parts = path.strip("/").split("/")
     for i in range(len(parts) + 1):
         p = "/" + "/".join(parts[:i])
         mode = opened(p, os.lstat(p))
         if mode is not None:
-            changed[p] = mode
-    return changed
+            reopened.append((p, mode))
 
 
 def wipe(path: str) -> None:
@@ -161,15 +162,17 @@ def reaches(name: str, forbidden: Forbidden) -> bool:
             elif todo and any(p not in ("", ".") for p in todo):
                 return False  # a file in the middle of a path: ENOTDIR for the verifier too
         return forbidden.hit(os.stat(here))
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return False  # a dead end for us is a dead end for the verifier (same uid, same tree)
+    except OSError as e:  # ELOOP: the kernel gives up too; anything else (a directory locked
+        return e.errno != errno.ELOOP  # now that a later step of ours opens): the link goes
     finally:
         os.close(here)
 
 
-def unlink_aliases(root: str, forbidden: Forbidden, keep_modes: bool) -> None:
-    """Remove every symlink below `root` that leads to a forbidden place. `keep_modes`: put
-    back the modes of the directories opened on the way."""
+def unlink_aliases(root: str, forbidden: Forbidden) -> None:
+    """Remove every symlink below `root` that leads to a forbidden place, putting back the modes
+    of the directories opened on the way as it leaves them."""
     os.chdir(root)
     dev = os.lstat(".").st_dev
     listings = [iter(os.listdir("."))]
@@ -183,7 +186,7 @@ def unlink_aliases(root: str, forbidden: Forbidden, keep_modes: bool) -> None:
             mode, name = modes.pop(), names.pop()
             if listings:
                 os.chdir("..")
-                if keep_modes and mode is not None:
+                if mode is not None:
                     os.chmod(name, mode)
             continue
         try:
@@ -219,7 +222,9 @@ def sweep_root(original: set[str]) -> None:
                     note(path, e)
                 os.chdir(here)
             elif stat.S_ISDIR(st.st_mode) and st.st_dev == dev:
-                opened(name, st)
+                mode = opened(name, st)
+                if mode is not None:
+                    reopened.append((path, mode))
                 pending.append(path)
 
 
@@ -230,22 +235,24 @@ def main(argv: list[str]) -> int:
     emptied = [tests, logs, state] + (["/dev/shm"] if sandboxed else [])
     # (unsandboxed, /tmp and HOME are the host's: only the workspace is ours to look at)
     link_roots = [workdir, "/tmp", home] if sandboxed else [workdir]
-    workdir_mode = {}
     if sandboxed:
         for path in emptied + link_roots:
-            changed = open_path(path)
-            workdir_mode.update({p: m for p, m in changed.items() if p == workdir})
+            open_path(path)
     forbidden = Forbidden([tests, logs, state], "/proc")
     for path in emptied:
         wipe(path)
     for root in link_roots:
-        unlink_aliases(root, forbidden, keep_modes=root == workdir)
+        unlink_aliases(root, forbidden)
     if sandboxed:
         sweep_root(original)
-    for path in emptied:  # they start over as the sandbox made them (a /tests set to 000 must
-        os.chmod(path, 0o755)  # take the verifier's files)
-    for path, mode in workdir_mode.items():
-        os.chmod(path, mode)
+    # Every mode we changed is put back (a verifier may check modes anywhere: a Harbor task can
+    # ask for a read-only /tmp/shared), except the emptied places, which start over as the
+    # sandbox made them (a /tests set to 000 must take the verifier's files).
+    for path, mode in reversed(reopened):
+        if path not in emptied:
+            os.chmod(path, mode)
+    for path in emptied:
+        os.chmod(path, 0o755)
     return 0
 
 

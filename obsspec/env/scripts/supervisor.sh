@@ -54,8 +54,9 @@ __others_alive() {
 __interrupted=0
 trap '__interrupted=1' USR1
 
-setsid=""
-[ $$ = 1 ] || setsid=setsid
+# Every request runs in a session of its own: under PID 1's session, an agent command could
+# lower the whole session's CPU share (/proc/self/autogroup) and PID 1's with it.
+setsid="setsid -w"  # (-w: the exit status is the command's even where setsid had to fork)
 
 __restamp() {
   # Files the kernel stamped with the real time get the episode's logical clock instead, so that

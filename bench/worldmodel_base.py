@@ -1,0 +1,98 @@
+"""Re-train a kit's world-model base with other settings and measure its exact-match hit rate.
+
+The kit's tokenizer, policy and policy rollouts stay as they are; only the world-model base is
+trained again (from scratch, on the kit's rows: the suite's reference trajectories of the train
+split plus the kit's rollouts), optionally with each task's workspace snapshot ahead of every row,
+then judged with greedy drafts on held-out reference steps of the val split and, with
+--rollouts, on the steps of recorded val episodes (`python -m obsspec.models.evaluate ... --out`
+writes them). Prints JSON; with --out also writes it (and the model beside it).
+
+    PYTHONPATH=$PWD .venv/bin/python bench/worldmodel_base.py --kit KIT --tasks TASKS \
+        --snapshot-tokens 256 --rollouts VAL.warm.trajectories.jsonl \
+        kit.world_model.max_steps=1000 kit.world_model.epochs=100 [kit.world_model.num_layers=4 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+
+from transformers import AutoTokenizer
+
+from obsspec.config import load_recipe
+from obsspec.engines.hf import HFEngine
+from obsspec.env.suite import load_tasks, spread
+from obsspec.models import tiny, warmstart
+from obsspec.models.evaluate import evaluate_world_model, reference_cases, trajectory_cases
+from obsspec.models.kit import KitPaths, read_trajectories
+from obsspec.rollout.trajectory import Trajectory
+from obsspec.tokens import ChatFormat
+from obsspec.worldmodel.snapshot import WorkspaceSnapshots
+
+
+def read_trajectory_file(path: str) -> list[Trajectory]:
+    with open(path) as f:
+        return [Trajectory.from_dict(json.loads(line)) for line in f if line.strip()]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--kit", required=True, help="a built kit folder (kit-<key>)")
+    p.add_argument("--tasks", required=True, help="the prepared suite the kit was built from")
+    p.add_argument("--snapshot-tokens", type=int, default=0, help="workspace snapshot budget (0 = none)")
+    p.add_argument("--rollouts", default="", help="recorded val episodes to judge on as well")
+    p.add_argument("--limit", type=int, default=40, help="val reference trajectories judged")
+    p.add_argument("--draft-tokens", type=int, default=320, help="draft cap (longer: unusable)")
+    p.add_argument("--recipe", default="recipes/tiny-cpu.yaml")
+    p.add_argument("--out", default="", help="write the JSON here (and the model to OUT.model)")
+    p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. kit.world_model.max_steps=1000")
+    args = p.parse_args()
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    paths = KitPaths.under(args.kit)
+    tokenizer = AutoTokenizer.from_pretrained(paths.tokenizer)
+    fmt = ChatFormat(tokenizer)
+    rows = [r for r in read_trajectories(args.tasks) if r.get("reward") == 1.0]
+    train_rows = [r for r in rows if r["split"] == "train"]
+    val_rows = [r for r in rows if r["split"] == "val"]
+    snapshots = None
+    if args.snapshot_tokens:
+        snapshots = asyncio.run(WorkspaceSnapshots(fmt, args.snapshot_tokens, recipe.sandbox)
+                                .table(load_tasks(args.tasks)))
+    cfg = recipe.kit
+    length = cfg.max_length + args.snapshot_tokens
+    train_ex, dropped = warmstart.examples(fmt, train_rows, "world_model", length, snapshots)
+    val_ex, _ = warmstart.examples(fmt, val_rows, "world_model", length, snapshots)
+    kit_rollouts = read_trajectory_file(paths.rollouts) if os.path.exists(paths.rollouts) else []
+    train_ex += warmstart.trajectory_examples(
+        kit_rollouts, length, [snapshots[t.task_id] for t in kit_rollouts] if snapshots else None)
+    model = tiny.build_model(cfg.world_model, tokenizer, length, cfg.seed)
+    stats = warmstart.train(model, tokenizer, train_ex, val_ex, cfg.world_model,
+                            os.path.join(os.path.dirname(args.out or ".") or ".", ".wm-trainer"), cfg.seed)
+    if args.out:
+        tiny.save(model, tokenizer, args.out + ".model")
+
+    sources = {"reference": reference_cases(fmt, spread(val_rows, args.limit), snapshots)}
+    if args.rollouts:
+        sources["rollouts"] = trajectory_cases(fmt, read_trajectory_file(args.rollouts), snapshots)
+    result = {"args": vars(args), "world_model": cfg.world_model.__dict__,
+              "parameters": tiny.count_parameters(model), "dropped_too_long": dropped, "train": stats}
+
+    async def judge():
+        async with HFEngine(model, tokenizer) as engine:
+            for name, cases in sources.items():
+                result[name] = await evaluate_world_model(engine, fmt, cases, recipe.sandbox.output_cap,
+                                                          args.draft_tokens)
+
+    asyncio.run(judge())
+    text = json.dumps(result, indent=2, default=str)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

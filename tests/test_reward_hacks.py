@@ -266,6 +266,19 @@ def test_the_agent_cannot_deprioritise_pid1():
     assert out[1].output == b"nice\npinned\n", "the agent's own nice/taskset must keep working"
 
 
+def test_signal_driven_io_and_system_v_ipc_are_not_the_agents():
+    """Reproduced: F_SETOWN -1 + O_ASYNC on the output pipe every command shares with the harness
+    made SIGIO kill the janitor after the agent was dead (any failing episode became an infra
+    error); 30 x 100 MB of System V shared memory stayed held, no process alive, past a 2 GB bound."""
+    task = task_by_id("dir-stats-00034")
+    owner = ("python3 -c 'import fcntl,os; fcntl.fcntl(1,fcntl.F_SETFL,fcntl.fcntl(1,fcntl.F_GETFL)|os.O_ASYNC); "
+             "fcntl.fcntl(1,fcntl.F_SETOWN,-1)'; echo rc=$?")
+    assert reward(task, [owner, "mv /home /h2 && mkdir -p /home/agent"]) == 0.0
+    out = asyncio.run(_run_all([owner, "python3 -c 'import ctypes; print(ctypes.CDLL(None).shmget(0, 1<<20, 0o1600))'"]))
+    assert b"PermissionError" in out[0].output and out[0].output.endswith(b"rc=1\n"), out[0].output
+    assert out[1].output.strip() == b"-1", f"System V shared memory was granted: {out[1].output!r}"
+
+
 def test_harbor_reward_conversion_is_not_shadowed():
     scores = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-sum-scores"]
     plant = "printf 'open(\"/logs/verifier/reward.txt\", \"w\").write(\"1\")\n' > json.py"

@@ -269,10 +269,10 @@ def _run_bpf(program: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> 
 
 
 def test_the_seccomp_rule_keeps_limits_and_scheduling_calls_on_the_caller_in_every_convention():
-    from obsspec.env.seccomp import self_only_filter
+    from obsspec.env.seccomp import sandbox_filter
 
     allow, eperm = 0x7FFF0000, 0x00050001
-    x86 = self_only_filter("x86_64")
+    x86 = sandbox_filter("x86_64")
     # (arch, nr, args on PID 1, args on itself)
     calls = {"prlimit64": (302, (1,), (0,)), "sched_setscheduler": (144, (1, 5), (0, 5)),
              "sched_setattr": (314, (1,), (0,)), "sched_setparam": (142, (1,), (0,)),
@@ -289,7 +289,20 @@ def test_the_seccomp_rule_keeps_limits_and_scheduling_calls_on_the_caller_in_eve
     assert _run_bpf(x86, 340, 0x40000003, (0,)) == allow
     for arch, nr in ((0xC000003E, 0), (0xC000003E, 62), (0x40000003, 302), (0xC00000B7, 302)):
         assert _run_bpf(x86, nr, arch, (1, 1)) == allow, f"syscall {nr} of arch {arch:#x} denied"
-    arm = self_only_filter("aarch64")
+    # signal-driven I/O owners and System V IPC
+    for arch, fcntl_nrs, ioctl_nr, ipc_nrs in ((0xC000003E, (72,), 16, (29, 64, 68)),
+                                               (0x40000003, (55, 221), 54, (395, 393, 399, 117))):
+        for nr in fcntl_nrs:
+            for cmd in (8, 15, 10):
+                assert _run_bpf(x86, nr, arch, (1, cmd, 1)) == eperm, f"fcntl({cmd}) allowed ({arch:#x})"
+            assert _run_bpf(x86, nr, arch, (1, 4, 0o4000)) == allow, "fcntl(F_SETFL) denied"
+        assert _run_bpf(x86, ioctl_nr, arch, (1, 0x8901, 0)) == eperm
+        assert _run_bpf(x86, ioctl_nr, arch, (1, 0x5401, 0)) == allow, "an ordinary ioctl denied"
+        for nr in ipc_nrs:
+            assert _run_bpf(x86, nr, arch, (0,)) == eperm, f"System V IPC call {nr} allowed"
+    assert _run_bpf(x86, 0x40000000 | 29, 0xC000003E, (0,)) == eperm, "x32 shmget allowed"
+    arm = sandbox_filter("aarch64")
+    assert _run_bpf(arm, 194, 0xC00000B7, (0,)) == eperm and _run_bpf(arm, 25, 0xC00000B7, (1, 8, 1)) == eperm
     assert _run_bpf(arm, 261, 0xC00000B7, (1,)) == eperm and _run_bpf(arm, 261, 0xC00000B7, (0,)) == allow
     assert _run_bpf(arm, 119, 0xC00000B7, (1,)) == eperm
-    assert self_only_filter("riscv64") == b"", "an unknown machine gets no filter (and no broken one)"
+    assert sandbox_filter("riscv64") == b"", "an unknown machine gets no filter (and no broken one)"

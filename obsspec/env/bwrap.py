@@ -104,7 +104,7 @@ def argv(config, workdir: str, bwrap: str) -> tuple[list[str], list[int]]:
             # a small tmpfs as / itself, before anything is mounted on it: the mount points stay
             # re-stampable (the logical clock), and what the agent writes to / stays tiny
             "--size", str(ROOT_TMPFS_MB << 20), "--tmpfs", "/", "--ro-bind", "/usr", "/usr"]
-    blob = seccomp.self_only_filter()  # no limits or scheduling of PID 1 (obsspec/env/seccomp.py)
+    blob = seccomp.sandbox_filter()  # obsspec/env/seccomp.py: calls that reach past the agent
     if blob:
         fds.append(data_fd(blob))
         out += ["--seccomp", str(fds[-1])]

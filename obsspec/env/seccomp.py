@@ -1,15 +1,17 @@
-"""The sandbox's seccomp filter: the calls that change another process's limits or scheduling
-work on the calling process only.
+"""The sandbox's seccomp filter: the few calls that let an agent reach past its own processes.
 
 The agent runs under the same uid as the supervisor (PID 1), and the kernel lets a process set
 the resource limits and the scheduling of any process of its uid; being non-dumpable, which
-stops ptrace and /proc/1/mem, does not stop these. Each was an infrastructure failure the agent
-could choose (its failures excluded from the advantage instead of scored):
+stops ptrace and /proc/1/mem, does not stop these. Each rule below was an infrastructure failure
+the agent could choose (its failures excluded from the advantage instead of scored):
 - `prlimit --pid 1 --nofile=3` left PID 1 unable to open a pipe;
 - `chrt -i -p 0 1` (SCHED_IDLE) with busy loops, or `renice -n 19 -p 1`, kept PID 1 off the CPU
-  until the harness gave up on it.
-The same calls on the caller itself (pid 0, what glibc's setrlimit, bash's `ulimit`, `nice` and
-`taskset -c ... CMD` use) stay allowed; anything else gets EPERM.
+  until the harness gave up on it;
+- an owner and O_ASYNC set on the output pipe every command shares with the harness sent SIGIO
+  to the janitor after the agent was dead;
+- System V shared memory outlives its processes, beyond every memory limit of the sandbox.
+The limit and scheduling calls on the caller itself (pid 0, what glibc's setrlimit, bash's
+`ulimit`, `nice` and `taskset -c ... CMD` use) stay allowed; denied calls get EPERM.
 
 A classic BPF program, as `bwrap --seccomp FD` reads it (what libseccomp's seccomp_export_bpf
 writes), checked against the native syscall table and, on x86-64, the i386 (`int 0x80`) and x32
@@ -28,23 +30,38 @@ _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _NR, _ARCH, _ARGS = 0, 4, 16  # offsets in struct seccomp_data (args: u64 each, low word first)
 _X32_BIT = 0x40000000
 
-# syscall -> the (argument, value) pairs that make it a call on the caller itself
+# syscall -> its rule:
+#   ("self", ((arg, value), ...)): allowed only when every pair holds (a call on the caller)
+#   ("not", arg, (value, ...)):    denied when that argument is one of the values
+#   ("never",):                     always denied
 RULES = {
-    "prlimit64": ((0, 0),),            # (pid, ...)
-    "sched_setparam": ((0, 0),),       # (pid, ...)
-    "sched_setscheduler": ((0, 0),),
-    "sched_setattr": ((0, 0),),
-    "sched_setaffinity": ((0, 0),),
-    "setpriority": ((0, 0), (1, 0)),   # (PRIO_PROCESS, who = 0, prio)
-    "ioprio_set": ((0, 1), (1, 0)),    # (IOPRIO_WHO_PROCESS, who = 0, ioprio)
+    "prlimit64": ("self", ((0, 0),)),            # (pid, ...)
+    "sched_setparam": ("self", ((0, 0),)),       # (pid, ...)
+    "sched_setscheduler": ("self", ((0, 0),)),
+    "sched_setattr": ("self", ((0, 0),)),
+    "sched_setaffinity": ("self", ((0, 0),)),
+    "setpriority": ("self", ((0, 0), (1, 0))),   # (PRIO_PROCESS, who = 0, prio)
+    "ioprio_set": ("self", ((0, 1), (1, 0))),    # (IOPRIO_WHO_PROCESS, who = 0, ioprio)
+    # Signal-driven I/O: an owner set on the output pipe the harness shares with every command
+    # outlived the agent and killed the janitor with SIGIO (an infra error at will).
+    "fcntl": ("not", 1, (8, 15, 10)),            # F_SETOWN, F_SETOWN_EX, F_SETSIG
+    "fcntl64": ("not", 1, (8, 15, 10)),
+    "ioctl": ("not", 1, (0x8901, 0x8902)),       # FIOSETOWN, SIOCSPGRP
+    # System V IPC objects outlive their processes: 3 GB of shared memory stayed held by a
+    # sandbox whose limits said 2 GB and no process alive. (POSIX shm lives in /dev/shm, a
+    # bounded tmpfs, and still works.)
+    "shmget": ("never",), "semget": ("never",), "msgget": ("never",), "ipc": ("never",),
 }
 _NUMBERS = {  # the syscall tables (asm/unistd_64.h, unistd_32.h; asm-generic for aarch64)
     "x86_64": dict(prlimit64=302, sched_setparam=142, sched_setscheduler=144, sched_setattr=314,
-                   sched_setaffinity=203, setpriority=141, ioprio_set=251),
+                   sched_setaffinity=203, setpriority=141, ioprio_set=251, fcntl=72, ioctl=16,
+                   shmget=29, semget=64, msgget=68),
     "i386": dict(prlimit64=340, sched_setparam=154, sched_setscheduler=156, sched_setattr=351,
-                 sched_setaffinity=241, setpriority=97, ioprio_set=289),
+                 sched_setaffinity=241, setpriority=97, ioprio_set=289, fcntl=55, fcntl64=221,
+                 ioctl=54, shmget=395, semget=393, msgget=399, ipc=117),
     "aarch64": dict(prlimit64=261, sched_setparam=118, sched_setscheduler=119, sched_setattr=274,
-                    sched_setaffinity=122, setpriority=140, ioprio_set=30),
+                    sched_setaffinity=122, setpriority=140, ioprio_set=30, fcntl=25, ioctl=29,
+                    shmget=194, semget=190, msgget=186),
 }
 # machine -> [(audit arch, table, with the x32 numbers too)]
 _ARCHES = {
@@ -57,7 +74,7 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def self_only_filter(machine: str | None = None) -> bytes:
+def sandbox_filter(machine: str | None = None) -> bytes:
     """The compiled filter for this machine; empty where we do not know its syscall tables
     (the sandbox then runs without one)."""
     arches = _ARCHES.get(machine or platform.machine(), [])
@@ -75,20 +92,30 @@ def self_only_filter(machine: str | None = None) -> bytes:
             jumps.append((len(prog), name))
             prog.append([_JEQ_K, 0, 0, nr])
     prog.append([_RET_K, 0, 0, _RET_ALLOW])  # no rule of ours
-    starts, denies = {}, []
-    for name, conditions in RULES.items():
+    starts: dict[str, int] = {}
+    to_deny: list[tuple[int, str]] = []  # (instruction, "jt" or "jf") that goes to EPERM
+    for name, rule in RULES.items():
         starts[name] = len(prog)
-        for arg, value in conditions:
-            prog.append([_LD_W_ABS, 0, 0, _ARGS + 8 * arg])
-            denies.append(len(prog))
-            prog.append([_JEQ_K, 0, 0, value])
-        prog.append([_RET_K, 0, 0, _RET_ALLOW])  # on the caller itself
+        if rule[0] == "self":
+            for arg, value in rule[1]:
+                prog.append([_LD_W_ABS, 0, 0, _ARGS + 8 * arg])
+                to_deny.append((len(prog), "jf"))
+                prog.append([_JEQ_K, 0, 0, value])
+            prog.append([_RET_K, 0, 0, _RET_ALLOW])
+        elif rule[0] == "not":
+            prog.append([_LD_W_ABS, 0, 0, _ARGS + 8 * rule[1]])
+            for value in rule[2]:
+                to_deny.append((len(prog), "jt"))
+                prog.append([_JEQ_K, 0, 0, value])
+            prog.append([_RET_K, 0, 0, _RET_ALLOW])
+        else:
+            prog.append([_RET_K, 0, 0, _RET_ERRNO | errno.EPERM])
     deny = len(prog)
     prog.append([_RET_K, 0, 0, _RET_ERRNO | errno.EPERM])
     for at, name in jumps:
         prog[at][1] = starts[name] - at - 1
-    for at in denies:
-        prog[at][2] = deny - at - 1
+    for at, branch in to_deny:
+        prog[at][1 if branch == "jt" else 2] = deny - at - 1
     if any(j > 255 for _, jt, jf, _ in prog for j in (jt, jf)):
         raise AssertionError("a seccomp jump does not fit in 8 bits")
     return b"".join(_insn(*i) for i in prog)

@@ -25,6 +25,7 @@
 #   python3 -I -c "$OBSSPEC_JANITOR" sandboxed|host TESTS LOGS STATE WORKDIR HOME
 
 import errno
+import fcntl
 import os
 import stat
 import sys
@@ -230,6 +231,10 @@ def sweep_root(original: set[str]) -> None:
 
 def main(argv: list[str]) -> int:
     where, tests, logs, state, workdir, home = argv
+    # The output pipe is shared with every command the agent ran: a non-blocking or
+    # signal-driven mode it left there must not reach our output (or PID 1's markers).
+    flags = fcntl.fcntl(1, fcntl.F_GETFL)
+    fcntl.fcntl(1, fcntl.F_SETFL, flags & ~(os.O_NONBLOCK | os.O_ASYNC))
     sandboxed = where == "sandboxed"
     original = set(sys.stdin.buffer.read().decode("utf-8", "surrogateescape").split("\0")) - {""}
     emptied = [tests, logs, state] + (["/dev/shm"] if sandboxed else [])

@@ -45,7 +45,8 @@ __others_alive() {
   local d st
   for d in /proc/[0-9]*; do
     [ "${d#/proc/}" = $$ ] && continue
-    { read -r st < "$d/stat"; } 2>/dev/null || continue  # gone meanwhile
+    # the whole file (-d ''): a command name may hold a newline and fake a state on line one
+    { read -r -d '' st < "$d/stat"; [ -n "$st" ]; } 2>/dev/null || continue  # gone meanwhile
     st=${st##*) }
     [ "${st%% *}" = Z ] || return 0
   done

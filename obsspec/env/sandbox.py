@@ -146,7 +146,6 @@ class Sandbox:
         self.config = config
         self.workdir = workdir
         self.turn = 0
-        self.tampered = ""  # why verification scored 0 without running the verifier, if it did
         self.host_root = ""  # isolation=none only: host dir holding workspace/, tests/, logs/
         self._proc: asyncio.subprocess.Process | None = None
         self._supervisor_pid = 0
@@ -248,7 +247,6 @@ class Sandbox:
         clock = cfg.clock_start + self.turn * cfg.turn_seconds
         reset = await self._request("reset", b"", clock, 30)
         if reset.exit_code == TAMPERED:
-            self.tampered = _tail(reset)
             return 0.0
         if reset.exit_code != 0:
             raise SandboxError("agent processes survived the kill before verification" if reset.exit_code == 1

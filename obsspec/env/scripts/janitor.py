@@ -123,9 +123,9 @@ class Forbidden:
     state, or /proc (magic links such as /proc/self/fd/N or /proc/self/root/tests, and /dev/fd
     or /dev/stdin, which lead there). Told by inode, so that no path has to be put together."""
 
-    def __init__(self, dirs: list[str], proc: str | None):
+    def __init__(self, dirs: list[str], proc: str):
         self.dirs = {(st.st_dev, st.st_ino) for st in map(os.stat, dirs)}
-        self.proc_dev = os.stat(proc).st_dev if proc else None
+        self.proc_dev = os.stat(proc).st_dev
 
     def hit(self, st: os.stat_result) -> bool:
         return (st.st_dev, st.st_ino) in self.dirs or st.st_dev == self.proc_dev
@@ -229,7 +229,7 @@ def sweep_root(original: set[str]) -> None:
                 pending.append(path)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> None:
     where, tests, logs, state, workdir, home = argv
     # The output pipe is shared with every command the agent ran: a non-blocking or
     # signal-driven mode it left there must not reach our output (or PID 1's markers).
@@ -258,12 +258,11 @@ def main(argv: list[str]) -> int:
             os.chmod(path, mode)
     for path in emptied:
         os.chmod(path, 0o755)
-    return 0
 
 
 if __name__ == "__main__":
     try:
-        rc = main(sys.argv[1:])
+        main(sys.argv[1:])
     except OutOfTime:
         problems.append(f"more than {BUDGET_S:.0f} s of the agent's files to go through")
     except BaseException as e:  # whatever the agent's trees did to us: scored, not infra

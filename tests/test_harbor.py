@@ -181,7 +181,7 @@ async def episode(task, commands):
     async with Sandbox(FAST, workdir=task.workdir) as sandbox:
         await sandbox.start(files=task.files, setup=task.setup)
         codes = [(await sandbox.run(c)).exit_code for c in commands]
-        return codes, await sandbox.verify(task.verify, task.verify_files)
+        return codes, await sandbox.verify(task.verify, task.verify_files, reward_file=task.reward_file)
 
 
 @needs_bwrap

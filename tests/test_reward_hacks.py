@@ -15,6 +15,7 @@ from obsspec.env.episode import run_scripted
 from obsspec.env.harbor import import_harbor
 from obsspec.env.sandbox import Sandbox, SandboxConfig
 from obsspec.env.suite import task_by_id
+from obsspec.env.task import Task
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
 
@@ -64,7 +65,12 @@ def test_agent_module_run_by_the_verifier_cannot_decide_the_reward():
     plant = ("import os\nos.makedirs('/logs/verifier', exist_ok=True)\n"
              "open('/logs/verifier/reward.txt', 'w').write('1')\nprint('\\n[]')\n")
     forks = "import os\nif os.fork() == 0:\n    open('/logs/verifier/reward.txt', 'w').write('1')\n"
-    for body in ("import os\nos._exit(0)\n", plant, forks, "print('OK')\nraise SystemExit(0)\n"):
+    # found by an adversarial review (reward 1 before): plant, then make the judge fail before it
+    # clears /logs — lock the directory, or have PID 1 kill the judge (SIGUSR1) — built-in
+    # verifiers now report by exit status only
+    locked = plant.replace("print('\\n[]')\n", "os.chmod('/logs/verifier', 0o555)\n")
+    killed = plant.replace("print('\\n[]')\n", "import signal\nos.kill(1, signal.SIGUSR1)\nwhile True:\n    pass\n")
+    for body in ("import os\nos._exit(0)\n", plant, forks, "print('OK')\nraise SystemExit(0)\n", locked, killed):
         cmd = f"cat > {module} <<'EOF'\n{body}EOF"
         assert reward(task, [cmd]) == 0.0, f"the agent's module decided its reward: {body!r}"
 
@@ -339,3 +345,78 @@ def test_no_host_path_is_visible():
     roots = {line.split()[3] for line in mountinfo.splitlines()}
     leaked = {r for r in roots if r.startswith(("/tmp", "/work", "/root", "/home", "/var"))}
     assert not leaked, f"mountinfo shows host paths: {leaked}"
+
+
+@pytest.mark.parametrize("task_id,command", [
+    ("log-analysis-00003", "echo nan > answer.txt"), ("log-analysis-00007", "echo -nan > answer.txt"),
+    ("awk-sum-00005", "echo NaN > summary.txt"), ("awk-sum-00005", "echo inf > summary.txt"),
+])
+def test_not_a_number_is_not_every_number(task_id, command):
+    # found by an adversarial review (reward 1 before): `abs(nan - w) > tol` is False
+    assert reward(task_by_id(task_id), [command]) == 0.0, f"{command!r} passed a numeric check"
+
+
+def _harbor(verify: str, verify_files: dict | None = None) -> Task:
+    return Task("harbor-probe", "harbor", "probe", [], verify, verify_files=verify_files or {},
+                source="harbor:/probe")
+
+
+def test_a_reward_file_written_before_the_verifier_was_killed_does_not_count():
+    """A Harbor test.sh that runs the agent's code: that code wrote reward 1, then had PID 1 kill
+    the verifier (SIGUSR1) before test.sh wrote the real result. Found by an adversarial review
+    (reward 1 before); a reward file now counts only after a run nobody interrupted."""
+    task = _harbor("bash /app/check.sh; echo 0 > /logs/verifier/reward.txt\n")
+    attack = "printf 'echo 1 > /logs/verifier/reward.txt; kill -USR1 1; sleep 30\\n' > /app/check.sh"
+    assert reward(task, [attack]) == 0.0, "a reward planted by a killed verifier's child counted"
+    honest = _harbor("echo 1 > /logs/verifier/reward.txt\n")
+    assert reward(honest, []) == 1.0, "an uninterrupted Harbor verifier's reward file was ignored"
+
+
+def test_acls_left_on_the_verifiers_directories_are_the_agents_failure():
+    """A default ACL of `---` on /tests made the directories the verifier's files unpack into
+    unreadable: an infra error at will (found by an adversarial review). Emptied places lose
+    their ACLs with everything else."""
+    task = _harbor("cmp -s /tests/data/x.txt /app/x.txt && echo 1 > /logs/verifier/reward.txt\n",
+                   {"data/x.txt": "x\n"})
+    acl = ("python3 -c 'import os, struct; os.setxattr(\"/tests\", \"system.posix_acl_default\", "
+           "struct.pack(\"<I\", 2) + b\"\".join(struct.pack(\"<HHI\", t, 0, 0xFFFFFFFF) for t in (1, 4, 0x20)))'")
+    assert reward(task, [acl]) == 0.0
+    assert reward(task, [acl, "printf 'x\\n' > /app/x.txt"]) == 1.0
+
+
+# Found by an adversarial review (reward 1 before): the judge's expected values were in the
+# verifier script, on disk in the state dir (and open in the bash running it) for the agent's
+# module to read while the judge ran it.
+READ_THE_CASES = r"""import ast, glob, os, re
+src = ""
+for p in glob.glob("/run/obsspec-state/verifier/*") + glob.glob("/proc/[0-9]*/fd/*"):
+    if p.startswith("/proc/%d/" % os.getpid()):
+        continue
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+        os.lseek(fd, 0, 0) if os.path.isfile(p) else None
+        text = os.read(fd, 1 << 20).decode("utf-8", "replace")
+        os.close(fd)
+    except OSError:
+        continue
+    if "CASES = " in text:
+        src = text
+        break
+m = re.search(r"^CASES = (.*)$", src, re.M)
+table = {}
+for call, exp in (ast.literal_eval(m.group(1)) if m else []):
+    name, _, args = call.partition("(")
+    table.setdefault(name, {})[args[:-1]] = exp
+def _answer(name):
+    return lambda *a: table[name][", ".join(map(repr, a))]
+for name in table:
+    globals()[name] = _answer(name)
+"""
+
+
+def test_the_agents_module_cannot_read_the_expected_values():
+    task = task_by_id("fix-script-00002")
+    module = next(p for p in task.files if not p.rsplit("/", 1)[-1].startswith("test_"))
+    assert reward(task, [f"cat > {module} <<'EOF'\n{READ_THE_CASES}EOF"]) == 0.0, \
+        "the module found the judge's expected values"
+    assert reward(task, task.solution) == 1.0

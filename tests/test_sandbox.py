@@ -215,11 +215,13 @@ def test_verifier_reward_from_reward_file_and_exit_code():
             await sb.run("mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt")  # a planted reward
             by_exit = await sb.verify("test -f a.txt")
             failed = await sb.verify("test -f missing.txt")
-            partial = await sb.verify("mkdir -p /logs/verifier; echo 0.25 > /logs/verifier/reward.txt")
+            write = "mkdir -p /logs/verifier; echo 0.25 > /logs/verifier/reward.txt"
+            partial = await sb.verify(write, reward_file=True)
+            not_harbor = await sb.verify(write + "; false")  # a built-in verifier: exit status only
             hidden = await sb.verify("cat /tests/check.txt", files={"check.txt": "ok"})
-            return by_exit, failed, partial, hidden
+            return by_exit, failed, partial, not_harbor, hidden
 
-    assert run(go()) == (1.0, 0.0, 0.25, 1.0)
+    assert run(go()) == (1.0, 0.0, 0.25, 0.0, 1.0)
 
 
 def test_missing_bwrap_is_a_clear_error(monkeypatch):

@@ -74,7 +74,8 @@ async def run_scripted(task: Task, commands: list[str], config: SandboxConfig,
         for command in commands:
             result = await sandbox.run(command)
             steps.append(Step(command, observation(result, config), result.exit_code, result.seconds))
-        reward = await sandbox.verify(task.verify, task.verify_files) if verify else None
+        reward = await sandbox.verify(task.verify, task.verify_files,
+                                      reward_file=task.reward_file) if verify else None
         return EpisodeRecord(task.task_id, steps, reward)
     except SandboxError as e:
         return EpisodeRecord(task.task_id, steps, None, str(e))

@@ -3,7 +3,8 @@
     sandbox = Sandbox(SandboxConfig(), workdir="/app")
     await sandbox.start(files={"notes.txt": "hi\\n"}, setup="mkdir -p data")
     result = await sandbox.run("cd data && ls -la")      # ExecResult: output bytes + exit code
-    reward = await sandbox.verify(task.verify, task.verify_files)
+    reward = await sandbox.verify(task.verify, task.verify_files,
+                                  reward_file=task.reward_file)
     await sandbox.close()                                  # kills everything, frees everything
 
 What an episode gets (DESIGN.md section 5):
@@ -31,6 +32,7 @@ apply (the kernel exempts root from RLIMIT_NPROC) and nothing inside has host pr
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import secrets
 import shutil
@@ -236,8 +238,11 @@ class Sandbox:
         return await self._request("run", _encode(command), clock, limit)
 
     async def verify(self, script: str, files: dict[str, str] | None = None,
-                     timeout_s: float | None = None) -> float:
-        """Run a task's verifier; return its reward in [0, 1] (Harbor's reward.txt, else exit code).
+                     timeout_s: float | None = None, *, reward_file: bool = False) -> float:
+        """Run a task's verifier; return its reward in [0, 1]: its exit status, or with
+        `reward_file` (Harbor's convention) what it wrote to /logs/verifier/reward.txt. A
+        verifier that does not use that file must not be judged by it: only the agent's code,
+        run by the verifier, could have written it there.
 
         No agent process is alive when it starts (PID 1 kills them all and checks), /tests, /logs
         and the harness's state are emptied first, so nothing the agent planted there counts
@@ -256,12 +261,14 @@ class Sandbox:
         if untar.exit_code != 0:
             raise SandboxError(f"could not write the verifier's files: {_tail(untar)}")
         result = await self._request("verify", _encode(script), clock, timeout_s or cfg.timeout_s * 4)
-        planted = await self._request("reward", b"", clock, 30)
-        if planted.exit_code == 0:
-            try:
-                return min(1.0, max(0.0, float(planted.output.decode("ascii", "replace").strip())))
-            except ValueError:
-                return 0.0
+        if reward_file:
+            written = await self._request("reward", b"", clock, 30)
+            if written.exit_code == 0:
+                try:
+                    value = float(written.output.decode("ascii", "replace").strip())
+                except ValueError:
+                    return 0.0
+                return min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0
         return 1.0 if result.exit_code == 0 and not result.timed_out else 0.0
 
     async def _request(self, op: str, payload: bytes, arg, timeout_s: float) -> ExecResult:

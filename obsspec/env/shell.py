@@ -39,7 +39,8 @@ async def shell_session(task: Task, config: SandboxConfig, commands: Iterable[st
             result = await sandbox.run(command)
             exit_codes.append(result.exit_code)
             emit(chat.wrap_observation(observation(result, config)) + "\n")
-        reward = await sandbox.verify(task.verify, task.verify_files) if verify else None
+        reward = await sandbox.verify(task.verify, task.verify_files,
+                                      reward_file=task.reward_file) if verify else None
         if reward is not None:
             emit(f"# verifier reward: {reward:g}\n")
         return {"task_id": task.task_id, "commands": len(exit_codes), "exit_codes": exit_codes,

@@ -64,6 +64,12 @@ class Task:
         d["solution"] = list(d.get("solution", []))
         return cls(**d)
 
+    @property
+    def reward_file(self) -> bool:
+        """Does the verifier report through /logs/verifier/reward.txt (Harbor's convention)?
+        Built-in verifiers report by exit status only."""
+        return self.source.startswith("harbor:")
+
     def content_hash(self) -> str:
         """sha256 of the canonical JSON form: equal hashes mean equal tasks."""
         blob = json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False).encode()

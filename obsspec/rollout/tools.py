@@ -74,7 +74,8 @@ class SandboxTool:
         return ToolResult(observation(result, self.config), result.exit_code, result.seconds + extra)
 
     async def reward(self) -> float | None:
-        return await self.sandbox.verify(self.task.verify, self.task.verify_files)
+        return await self.sandbox.verify(self.task.verify, self.task.verify_files,
+                                         reward_file=self.task.reward_file)
 
     async def close(self) -> None:
         if self.sandbox is not None:

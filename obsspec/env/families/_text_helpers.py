@@ -142,7 +142,7 @@ else:
 if not ok_keys:
     sys.exit(f"expected keys {want}, got {keys}")
 for (k, v), (_, w) in zip(got, EXPECTED):
-    if abs(v - w) > TOL:
+    if not abs(v - w) <= TOL:  # (not >: a NaN compares false with everything)
         sys.exit(f"{k}: expected {w}, got {v}")
 """
 

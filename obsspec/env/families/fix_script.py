@@ -126,7 +126,7 @@ def no_fork():
     resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
 try:
     p = subprocess.run([sys.executable, "-I", "-c", CHILD, PATH, MOD, json.dumps([c for c, _ in CASES])],
-                       capture_output=True, text=True, timeout=20, preexec_fn=no_fork)
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20, preexec_fn=no_fork)
 except subprocess.TimeoutExpired:
     fail("the tests timed out")
 if os.path.isdir("/logs/verifier"):
@@ -146,6 +146,12 @@ for (call, exp), g in zip(CASES, got):
     if not ok:
         fail("test failed: %s returned %s" % (call, g))
 """
+
+
+# The expected values must be nowhere the agent's module can read while the judge runs it: the
+# script file goes, bash gives way to the judge (its open script file with it), the judge is
+# non-dumpable (its stdin, the script, unreadable through /proc) and the child gets no stdin.
+HIDDEN = 'rm -f -- "$0"\nexec '
 
 
 def _sed(old: str, new: str) -> str:
@@ -176,7 +182,7 @@ def generate(rng: random.Random, task_id: str) -> Task:
     ])
     return Task(
         task_id=task_id, family=NAME, instruction=instruction,
-        files={f"{d}{mod}.py": code, f"{d}test_{mod}.py": test}, verify=py_verify(body),
+        files={f"{d}{mod}.py": code, f"{d}test_{mod}.py": test}, verify=HIDDEN + py_verify(body),
         solution=[f"{cd}python3 test_{mod}.py", f"cat {mod}.py", f"sed -i '{_sed(old, new)}' {mod}.py",
                   f"python3 test_{mod}.py"],
     )

@@ -258,6 +258,18 @@ def main(argv: list[str]) -> None:
             os.chmod(path, mode)
     for path in emptied:
         os.chmod(path, 0o755)
+        clear_acls(path)
+
+
+def clear_acls(path: str) -> None:
+    """Drop POSIX ACLs the agent set (chmod leaves them): a default ACL of `---` on /tests made
+    every directory the verifier's files unpacked into unreadable (an infra error at will)."""
+    for attr in ("system.posix_acl_default", "system.posix_acl_access"):
+        try:
+            os.removexattr(path, attr)
+        except OSError as e:
+            if e.errno not in (errno.ENODATA, errno.EOPNOTSUPP):
+                note(path, e)
 
 
 if __name__ == "__main__":

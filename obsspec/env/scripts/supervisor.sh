@@ -52,7 +52,7 @@ __others_alive() {
   done
   return 1
 }
-__interrupted=0
+__interrupted=0 __verified=0
 trap '__interrupted=1' USR1
 
 # Every request runs in a session of its own: under PID 1's session, an agent command could
@@ -123,25 +123,31 @@ while IFS=' ' read -r op nonce nbytes arg; do
       printf '\0%s %d\0' "$nonce" "$rc"
       continue ;;
     verify)
+      __verified=0  # set only when this run ends uninterrupted (see `reward`)
       # Written only now, when no agent process is left to swap it or race on it.
       printf '%s' "$script" > "$state/verifier/test.sh"
       (cd "$OBSSPEC_WORKDIR" && HOME=$state/home TMPDIR=$state/tmp PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1 \
         LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc "$state/verifier/test.sh") </dev/null 2>&1 & ;;
     reward)
+      # A reward file counts only after a verifier run that nobody interrupted: code of the
+      # agent's that a verifier runs can write the file and then hang, or SIGUSR1 us, to be
+      # killed before the verifier overwrites it (the verifier then failed: exit status only).
       rc=3 f=$logs/verifier/reward.txt
-      if [ -f "$f" ] && [ ! -L "$f" ]; then head -c 64 -- "$f"; rc=0; fi
+      if [ "$__verified" = 1 ] && [ -f "$f" ] && [ ! -L "$f" ]; then head -c 64 -- "$f"; rc=0; fi
       printf '\0%s %d\0' "$nonce" "$rc"
       continue ;;
     *) printf '\0%s %d\0' "$nonce" 2; continue ;;
   esac
   pid=$!
   wait "$pid"; rc=$?
+  __interrupted_any=$__interrupted
   while [ "$__interrupted" = 1 ]; do
-    __interrupted=0
+    __interrupted=0 __interrupted_any=1
     __kill_others
     wait "$pid"; rc=$?
   done
   __kill_others  # the command is over: so is everything it started
+  [ "$op" = verify ] && [ "$__interrupted_any" = 0 ] && __verified=1
   __restamp "$arg"
   printf '\0%s %d\0' "$nonce" "$rc"
 done

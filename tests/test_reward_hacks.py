@@ -285,6 +285,18 @@ def test_signal_driven_io_and_system_v_ipc_are_not_the_agents():
     assert out[1].output.strip() == b"-1", f"System V shared memory was granted: {out[1].output!r}"
 
 
+def test_sandboxes_share_no_kernel_keys_and_keep_their_pipe_sizes():
+    """Keys are kept per host uid, which every sandbox shares: an episode's key was readable in
+    another running beside it (found by an adversarial review). The key calls are denied, and
+    so is shrinking a pipe (the output pipe shared with the harness fills sooner)."""
+    keys = ("python3 -c 'import ctypes; lib = ctypes.CDLL(None); "
+            "print(lib.syscall(248, b\"user\", b\"note\", b\"1234\", 4, -3), lib.syscall(250, 0, -3, 0))'")
+    pipe = "python3 -c 'import fcntl; fcntl.fcntl(1, 1031, 4096)'; echo rc=$?"
+    out = asyncio.run(_run_all([keys, pipe]))
+    assert out[0].output.strip() == b"-1 -1", f"the kernel key store was reachable: {out[0].output!r}"
+    assert b"PermissionError" in out[1].output and out[1].output.endswith(b"rc=1\n"), out[1].output
+
+
 def test_harbor_reward_conversion_is_not_shadowed():
     scores = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-sum-scores"]
     plant = "printf 'open(\"/logs/verifier/reward.txt\", \"w\").write(\"1\")\n' > json.py"

@@ -70,7 +70,9 @@ def test_deterministic_identity_clock_and_file_times():
     cmds = ["whoami; hostname; id; echo $HOME $TZ $LANG; umask; date; date +%s",
             "touch made.txt; mkdir d",
             "ls -la --time-style=full-iso; ls -la --time-style=+%s / | grep -E ' (app|home|tmp)$'",
-            "python3 -c 'import time; print(int(time.time()))'"]
+            "python3 -c 'import time; print(int(time.time()))'",
+            # files' access times (not directories': the re-stamp itself reads them)
+            "cat f.txt made.txt >/dev/null", "ls -lu --time-style=full-iso f.txt made.txt"]
     a = run(session(cmds, files={"f.txt": "x\n"}))
     b = run(session(cmds, files={"f.txt": "x\n"}))
     assert [x.output for x in a] == [x.output for x in b]
@@ -79,6 +81,7 @@ def test_deterministic_identity_clock_and_file_times():
     assert "2024-01-01 00:02:00" in text(a[2])                # made.txt re-stamped to turn 2
     assert "2026" not in text(a[2]) and "2025" not in text(a[2])
     assert text(a[3]) == "1704067440\n"                       # turn 4
+    assert "2026" not in text(a[5]) and "2025" not in text(a[5]), "a real access time showed"
 
 
 def test_deterministic_off_shows_the_real_clock():
@@ -292,18 +295,19 @@ def test_the_seccomp_rule_keeps_limits_and_scheduling_calls_on_the_caller_in_eve
     for arch, nr in ((0xC000003E, 0), (0xC000003E, 62), (0x40000003, 302), (0xC00000B7, 302)):
         assert _run_bpf(x86, nr, arch, (1, 1)) == allow, f"syscall {nr} of arch {arch:#x} denied"
     # signal-driven I/O owners and System V IPC
-    for arch, fcntl_nrs, ioctl_nr, ipc_nrs in ((0xC000003E, (72,), 16, (29, 64, 68)),
-                                               (0x40000003, (55, 221), 54, (395, 393, 399, 117))):
+    for arch, fcntl_nrs, ioctl_nr, ipc_nrs in ((0xC000003E, (72,), 16, (29, 64, 68, 248, 249, 250)),
+                                               (0x40000003, (55, 221), 54, (395, 393, 399, 117, 286, 287, 288))):
         for nr in fcntl_nrs:
-            for cmd in (8, 15, 10):
+            for cmd in (8, 15, 10, 1031):
                 assert _run_bpf(x86, nr, arch, (1, cmd, 1)) == eperm, f"fcntl({cmd}) allowed ({arch:#x})"
             assert _run_bpf(x86, nr, arch, (1, 4, 0o4000)) == allow, "fcntl(F_SETFL) denied"
         assert _run_bpf(x86, ioctl_nr, arch, (1, 0x8901, 0)) == eperm
         assert _run_bpf(x86, ioctl_nr, arch, (1, 0x5401, 0)) == allow, "an ordinary ioctl denied"
         for nr in ipc_nrs:
-            assert _run_bpf(x86, nr, arch, (0,)) == eperm, f"System V IPC call {nr} allowed"
+            assert _run_bpf(x86, nr, arch, (0,)) == eperm, f"System V IPC or key call {nr} allowed"
     assert _run_bpf(x86, 0x40000000 | 29, 0xC000003E, (0,)) == eperm, "x32 shmget allowed"
     arm = sandbox_filter("aarch64")
+    assert _run_bpf(arm, 219, 0xC00000B7, (0,)) == eperm, "keyctl allowed on aarch64"
     assert _run_bpf(arm, 194, 0xC00000B7, (0,)) == eperm and _run_bpf(arm, 25, 0xC00000B7, (1, 8, 1)) == eperm
     assert _run_bpf(arm, 261, 0xC00000B7, (1,)) == eperm and _run_bpf(arm, 261, 0xC00000B7, (0,)) == allow
     assert _run_bpf(arm, 119, 0xC00000B7, (1,)) == eperm

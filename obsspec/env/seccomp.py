@@ -9,7 +9,11 @@ the agent could choose (its failures excluded from the advantage instead of scor
   until the harness gave up on it;
 - an owner and O_ASYNC set on the output pipe every command shares with the harness sent SIGIO
   to the janitor after the agent was dead;
-- System V shared memory outlives its processes, beyond every memory limit of the sandbox.
+- System V shared memory outlives its processes, beyond every memory limit of the sandbox;
+- the kernel's key store is per host uid, which every sandbox shares: one episode's key (an
+  answer) was readable in another running beside it, and its quota filled;
+- a pipe shrunk to one page (`F_SETPIPE_SZ`) lowers the bar for losing an end marker on the
+  output pipe shared with the harness.
 The limit and scheduling calls on the caller itself (pid 0, what glibc's setrlimit, bash's
 `ulimit`, `nice` and `taskset -c ... CMD` use) stay allowed; denied calls get EPERM.
 
@@ -44,24 +48,29 @@ RULES = {
     "ioprio_set": ("self", ((0, 1), (1, 0))),    # (IOPRIO_WHO_PROCESS, who = 0, ioprio)
     # Signal-driven I/O: an owner set on the output pipe the harness shares with every command
     # outlived the agent and killed the janitor with SIGIO (an infra error at will).
-    "fcntl": ("not", 1, (8, 15, 10)),            # F_SETOWN, F_SETOWN_EX, F_SETSIG
-    "fcntl64": ("not", 1, (8, 15, 10)),
+    # (and F_SETPIPE_SZ: a shared pipe shrunk to 4 KiB fills 16x sooner)
+    "fcntl": ("not", 1, (8, 15, 10, 1031)),      # F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETPIPE_SZ
+    "fcntl64": ("not", 1, (8, 15, 10, 1031)),
     "ioctl": ("not", 1, (0x8901, 0x8902)),       # FIOSETOWN, SIOCSPGRP
     # System V IPC objects outlive their processes: 3 GB of shared memory stayed held by a
     # sandbox whose limits said 2 GB and no process alive. (POSIX shm lives in /dev/shm, a
     # bounded tmpfs, and still works.)
     "shmget": ("never",), "semget": ("never",), "msgget": ("never",), "ipc": ("never",),
+    # Keys are kept per host uid, and every sandbox runs as the same one: a concurrent episode
+    # read another's key (a GRPO sibling could pass on its answer) and exhausted its quota.
+    "add_key": ("never",), "request_key": ("never",), "keyctl": ("never",),
 }
 _NUMBERS = {  # the syscall tables (asm/unistd_64.h, unistd_32.h; asm-generic for aarch64)
     "x86_64": dict(prlimit64=302, sched_setparam=142, sched_setscheduler=144, sched_setattr=314,
                    sched_setaffinity=203, setpriority=141, ioprio_set=251, fcntl=72, ioctl=16,
-                   shmget=29, semget=64, msgget=68),
+                   shmget=29, semget=64, msgget=68, add_key=248, request_key=249, keyctl=250),
     "i386": dict(prlimit64=340, sched_setparam=154, sched_setscheduler=156, sched_setattr=351,
                  sched_setaffinity=241, setpriority=97, ioprio_set=289, fcntl=55, fcntl64=221,
-                 ioctl=54, shmget=395, semget=393, msgget=399, ipc=117),
+                 ioctl=54, shmget=395, semget=393, msgget=399, ipc=117, add_key=286, request_key=287,
+                 keyctl=288),
     "aarch64": dict(prlimit64=261, sched_setparam=118, sched_setscheduler=119, sched_setattr=274,
                     sched_setaffinity=122, setpriority=140, ioprio_set=30, fcntl=25, ioctl=29,
-                    shmget=194, semget=190, msgget=186),
+                    shmget=194, semget=190, msgget=186, add_key=217, request_key=218, keyctl=219),
 }
 # machine -> [(audit arch, table, with the x32 numbers too)]
 _ARCHES = {

@@ -69,8 +69,10 @@ __restamp() {
   [ $$ = 1 ] && roots+=(/tmp "$HOME" / /dev/shm "$logs" "$tests" "$state")
   # Bounded: a tree the agent made deep and wide enough would otherwise keep us here past the
   # harness's patience (an infra error at will); what is not re-stamped in time keeps its time.
-  timeout -s KILL 3 find "${roots[@]}" -xdev -newermt "@$OBSSPEC_HORIZON" \
-    -exec touch -h -d "@$1" {} + 2>/dev/null
+  # Access times too, which tar and every read stamp real (`ls -lu`, `stat`): of files only (our
+  # find reads every directory), and alone (a read must not move the modification time).
+  timeout -s KILL 3 find "${roots[@]}" -xdev \( -newermt "@$OBSSPEC_HORIZON" -exec touch -h -d "@$1" {} + \) \
+    -o \( ! -type d -newerat "@$OBSSPEC_HORIZON" -exec touch -a -h -d "@$1" {} + \) 2>/dev/null
 }
 
 # What / itself (a small tmpfs) held before the agent's first command: bwrap's mount points.

@@ -7,6 +7,7 @@ observation and that the host (or another episode) was not touched.
 import asyncio
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -312,3 +313,27 @@ def test_the_seccomp_rule_keeps_limits_and_scheduling_calls_on_the_caller_in_eve
     assert _run_bpf(arm, 261, 0xC00000B7, (1,)) == eperm and _run_bpf(arm, 261, 0xC00000B7, (0,)) == allow
     assert _run_bpf(arm, 119, 0xC00000B7, (1,)) == eperm
     assert sandbox_filter("riscv64") == b"", "an unknown machine gets no filter (and no broken one)"
+
+
+def test_the_janitors_budget_is_its_cpu_and_a_starved_janitor_is_ours(monkeypatch):
+    """The agent's trees cost the janitor CPU time (past its budget: the agent's doing, scored 0);
+    a neighbour's load only stretches the wall clock (past its limit: ours, an infra error)."""
+    import importlib.util
+    import time
+
+    spec = importlib.util.spec_from_file_location(
+        "janitor", Path(__file__).parent.parent / "obsspec" / "env" / "scripts" / "janitor.py")
+    janitor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(janitor)
+    cpu, wall = [0.0], [0.0]
+    monkeypatch.setattr(time, "process_time", lambda: cpu[0])
+    monkeypatch.setattr(time, "monotonic", lambda: wall[0])
+    janitor.cpu_deadline, janitor.wall_deadline = janitor.BUDGET_S, janitor.WALL_S
+    wall[0] = janitor.BUDGET_S + 1  # more than the CPU budget has passed, but not in CPU time
+    janitor.tick()
+    cpu[0] = janitor.BUDGET_S + 0.1
+    with pytest.raises(janitor.OutOfTime):
+        janitor.tick()
+    cpu[0], wall[0] = 1.0, janitor.WALL_S + 0.1
+    with pytest.raises(janitor.Starved):
+        janitor.tick()

@@ -120,7 +120,7 @@ while IFS=' ' read -r op nonce nbytes arg; do
       printf '%s\0' "${!__root_entries[@]}" |
         python3 -I -c "$OBSSPEC_JANITOR" "$where" "$tests" "$logs" "$state" "$OBSSPEC_WORKDIR" "$HOME" 2>&1
       rc=$?
-      [ "$rc" = 0 ] || [ "$rc" = 4 ] || rc=5  # 5: the janitor did not run (ours, not the agent's)
+      [ "$rc" = 0 ] || [ "$rc" = 4 ] || rc=5  # 5: ours, not the agent's (the janitor did not run, or the machine starved it)
       mkdir -p "$logs/verifier" "$state/home" "$state/tmp" "$state/verifier"
       printf '\0%s %d\0' "$nonce" "$rc"
       continue ;;

@@ -282,6 +282,25 @@ def test_one_failing_draft_request_cancels_its_siblings():
     events.check_accounting()
 
 
+def test_a_world_model_prompt_past_its_positions_gets_no_draft_and_the_episode_goes_on():
+    """A history that fills the policy's context, plus the observation opening, is longer than a
+    world model with as many positions takes: its engine refused the prompt, the scheduler took
+    that for a bug and the training run died (found by an adversarial review)."""
+
+    class Engine:
+        max_positions = 1  # every prompt is too long
+        calls = 0
+
+        async def generate(self, request):
+            Engine.calls += 1
+            raise ValueError(f"prompt of {len(request.prompt_ids)} tokens exceeds the model's positions")
+
+    sched, events = scheduler(WorldModelPredictor(Engine(), ChatFormat(ByteTokenizer()), cap=512))
+    traj = asyncio.run(sched.run_episode(TASK, 0, FakeTool(delay=0.05), speculative=True))
+    assert traj.reward == 1.0 and traj.infra_error == "" and Engine.calls == 0
+    events.check_accounting()
+
+
 def test_a_bug_of_ours_is_raised_not_excluded():
     sched, events = scheduler(Predictor(error=TypeError("a bug")))
     tool = FakeTool()

@@ -46,6 +46,13 @@ def test_shell_state_persists_between_commands():
     assert text(r[2]) == "/app/sub\n1 two\nhi you\naliased\npipefail on\n0077\n"
 
 
+def test_set_e_stops_a_command_not_the_shell():
+    """`set -e` then a failure used to end every later command before it ran, `set +e` included
+    (the restored option tripped on the previous status): found by an adversarial review."""
+    r = run(session(["set -e; false; echo no", "echo $?; false; echo no", "echo $?; set +e; false; echo yes"]))
+    assert [(text(x), x.exit_code) for x in r] == [("", 1), ("1\n", 1), ("1\nyes\n", 0)]
+
+
 def test_exit_status_and_last_status_carry_over():
     r = run(session(["false", "echo $?", "exit 3", "echo $?; pwd"]))
     assert [x.exit_code for x in r] == [1, 0, 3, 0]

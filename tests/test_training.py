@@ -76,10 +76,17 @@ def test_rows_mask_observations_and_end_with_eos(fmt):
         assert comp[-1] == eos, "TRL drops rows that do not end with EOS when masking truncation"
         assert len(comp) == len(rows["logprobs"][i]) == len(rows["env_mask"][i])
         # env_mask is the policy mask: observation tokens are never trained on
-        assert rows["env_mask"][i][:len(tr.ids) - tr.prompt_len] == tr.policy_mask[tr.prompt_len:]
-    assert len(rows["completion_ids"][1]) == len(open_end.ids) - open_end.prompt_len + 1
-    assert rows["env_mask"][1][-1] == 0, "the appended EOS is not the policy's token"
+        assert rows["env_mask"][i] == tr.policy_mask[tr.prompt_len:tr.prompt_len + len(comp)]
+    assert rows["completion_ids"][0] == ok.ids[ok.prompt_len:]
+    # the observation after the last action trains nothing and is not sent (it can be huge)
+    last_action = max(i for i, m in enumerate(open_end.policy_mask) if m)
+    assert rows["completion_ids"][1] == open_end.ids[open_end.prompt_len:last_action + 1]
     assert rows["verifier_reward"] == [1.0, 0.0]
+    cut = episode(fmt, 2, 0.0, close_with_eos=False)  # a last turn cut at max_new_tokens
+    cut.append_action([5, 6], [-0.2, -0.3])
+    row = rollouts_for(fmt, [cut]).rows([cut])
+    assert row["completion_ids"][0] == cut.ids[cut.prompt_len:] + [eos] and row["env_mask"][0][-1] == 0, \
+        "the EOS appended to a cut turn is not the policy's token"
 
 
 def test_an_infra_failure_has_no_reward_and_no_trainable_token(fmt):

@@ -147,6 +147,12 @@ class WorldModelPredictor:
 
     async def predict(self, request: PredictRequest) -> list[Draft]:
         prompt = await self.prompt_ids(request)
+        # The history may fill the policy's context, and the world model's prompt adds the
+        # observation opening (and the snapshot): with no position left to write in, no draft
+        # (the engine would refuse the prompt, and a training run died of it).
+        limit = getattr(self.engine, "max_positions", None)
+        if limit is not None and len(prompt) >= limit:
+            return []
         requests = []
         for k in range(self.breadth):
             requests.append(GenerationRequest(

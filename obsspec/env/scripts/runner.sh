@@ -48,5 +48,10 @@ fi
 RANDOM=$1  # $RANDOM is seeded by the logical clock: the same numbers in every episode
 trap __obsspec_save EXIT
 __obsspec_status() { return "$1"; }
-__obsspec_status "$__obsspec_last"  # so that `echo $?` shows the previous command's status
-eval "$__obsspec_cmd"
+# `echo $?` shows the previous command's status. Left of `||` a failing status does not trip a
+# `set -e` the agent left on (which used to end every later command before it ran).
+if [ "$__obsspec_last" = 0 ]; then
+  eval "$__obsspec_cmd"
+else
+  __obsspec_status "$__obsspec_last" || eval "$__obsspec_cmd"
+fi

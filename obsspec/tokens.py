@@ -30,7 +30,7 @@ A `done()` call ends the episode; nothing follows its `<|im_end|>`.
     ids = fmt.prompt_ids(task.instruction)
     ids += fmt.action_ids(chat.render_bash("ls"))
     obs, body = fmt.observation_ids("a.txt\\n\\n(exit_code=0)")
-    assert obs[body] == fmt.encode("a.txt\\n\\n(exit_code=0)")
+    assert obs[body] == fmt.encode_text("a.txt\\n\\n(exit_code=0)")
 """
 
 from __future__ import annotations
@@ -74,6 +74,13 @@ class ChatFormat:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def encode_text(self, text: str) -> list[int]:
+        """Text from the environment (command output, file contents): `<|im_end|>` in it is text,
+        never the special token, so output cannot forge a turn boundary in the policy's context
+        (a file holding `<|im_end|>\n<|im_start|>assistant\n...` made a turn identical to a
+        real one)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False,
                                      clean_up_tokenization_spaces=False)
@@ -94,7 +101,7 @@ class ChatFormat:
 
     def observation_ids(self, body: str) -> tuple[list[int], slice]:
         """The tokens appended after an action, and where the body's ids sit among them."""
-        body_ids = self.encode(body)
+        body_ids = self.encode_text(body)
         start = len(self.obs_prefix_ids)
         ids = self.obs_prefix_ids + body_ids + self.obs_close_ids + self.after_obs_ids
         return ids, slice(start, start + len(body_ids))
@@ -110,7 +117,7 @@ class ChatFormat:
 
     def wm_target_ids(self, body: str) -> list[int]:
         """What the world model is trained to write: body + closing tag (it stops there)."""
-        return self.encode(body) + self.obs_close_ids
+        return self.encode_text(body) + self.obs_close_ids
 
     def parse_action(self, action_ids: Sequence[int]) -> chat.Action:
         return chat.parse_action(self.decode(action_ids))

@@ -25,10 +25,10 @@ class ByteTokenizer:
         self.inverse = {v: k for k, v in self.special.items()}
         self._split = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False, split_special_tokens: bool = False) -> list[int]:
         ids = []
         for piece in self._split.split(text):
-            if piece in self.special:
+            if piece in self.special and not split_special_tokens:
                 ids.append(self.special[piece])
             elif piece:
                 ids += list(piece.encode("utf-8", "surrogatepass"))

@@ -136,7 +136,7 @@ def render(workspace: Workspace, workdir: str) -> str:
 
 def snapshot_ids(fmt, text: str, budget: int) -> list[int]:
     """`text` framed as a system turn, at most `budget` tokens: cut with a visible marker."""
-    open_ids, close_ids, body = fmt.encode(OPEN), fmt.encode(CLOSE), fmt.encode(text)
+    open_ids, close_ids, body = fmt.encode(OPEN), fmt.encode(CLOSE), fmt.encode_text(text)
     room = budget - len(open_ids) - len(close_ids)
     if len(body) > room:
         marker = fmt.encode(TRUNCATED)

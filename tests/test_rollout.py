@@ -19,6 +19,7 @@ from obsspec.config import TasksConfig
 from obsspec.env.sandbox import SandboxConfig
 from obsspec.env.suite import generate_builtin
 from obsspec.rollout.events import EventBus
+from obsspec.rollout.metrics import SpecMetrics
 from obsspec.rollout.predictors import Corrupting, Delayed, Draft, Oracle
 from obsspec.rollout.scheduler import Sampling, Scheduler
 from obsspec.rollout.tools import EmulatedLatency, SandboxTool
@@ -244,3 +245,17 @@ def test_events_are_timestamped_and_ordered(baseline):
     times = [e.t for e in rec.events]
     assert times == sorted(times)
     assert rec.events[0].kind == "episode_start" and rec.events[-1].kind == "episode_end"
+
+
+def test_metrics_of_two_processes_merge_into_those_of_all_episodes(baseline):
+    """With several training processes each rolls out its share; the step's metrics are merged
+    from theirs (rank 0's alone hid the other ranks' infra failures: an adversarial review)."""
+    ts, seq = baseline
+    _, rec, _ = run(ts[:4], speculative=True, predictor=oracle_from(ts, seq, group=5), group=2)
+    whole, halves = SpecMetrics(), (SpecMetrics(), SpecMetrics())
+    for e in rec.events:
+        whole(e)
+        halves[e.episode % 2](e)
+    halves[0].merge(halves[1])
+    assert halves[0].summary() == whole.summary()
+    assert whole.summary()["episodes"] == 8 and whole.summary()["spec/exact_frac"]

@@ -21,7 +21,8 @@ from obsspec.rollout.trajectory import Trajectory, Turn
 from obsspec.tokens import ChatFormat
 from obsspec.training.config import TrainConfig
 from obsspec.training.grpo import TrainError, grpo_args, training_plan
-from obsspec.training.rollouts import RolloutSettings, Rollouts, StepRollouts, class_hits, outcome_metrics
+from obsspec.training.rollouts import (RolloutSettings, Rollouts, StepRollouts, class_hits, merge_steps,
+                                      outcome_counts, outcome_metrics)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,18 @@ def test_rows_mask_observations_and_end_with_eos(fmt):
     row = rollouts_for(fmt, [cut]).rows([cut])
     assert row["completion_ids"][0] == cut.ids[cut.prompt_len:] + [eos] and row["env_mask"][0][-1] == 0, \
         "the EOS appended to a cut turn is not the policy's token"
+
+
+def test_a_steps_metrics_over_processes_are_those_of_all_their_episodes(fmt):
+    ours = [episode(fmt, 0, 1.0), episode(fmt, 1, 0.0)]
+    theirs = [episode(fmt, 2, None, infra="SandboxError: died"), episode(fmt, 3, 1.0)]
+    parts = [StepRollouts(5, trs, {}, class_hits(trs), 1.0, {"dir-stats/files": [won, 2]}, None, outcome_counts(trs))
+             for trs, won in ((ours, 1), (theirs, 1))]
+    merged = merge_steps(parts)
+    assert merged.metrics["infra_failures"] == 1, "another process's infra failure went uncounted"
+    assert merged.metrics["success_frac"] == outcome_metrics(ours + theirs)["success_frac"] == 2 / 3
+    assert merged.metrics["processes"] == 2 and merged.by_kind == {"dir-stats/files": [2, 4]}
+    assert merged.class_hits == class_hits(ours + theirs)
 
 
 def test_an_infra_failure_has_no_reward_and_no_trainable_token(fmt):

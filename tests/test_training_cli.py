@@ -209,6 +209,7 @@ def test_two_processes_on_cpu(root, run):
     assert r.returncode == 0, r.stderr[-4000:]
     rows = metrics(out)
     assert [m["step"] for m in rows] == [1], "only the main process writes metrics.jsonl"
+    assert rows[0]["episodes"] == 4 and rows[0]["processes"] == 2, "the metrics are not of both processes' episodes"
     assert (out / "rollouts" / "step-000001").is_dir() and (out / "rollouts" / "step-000001.rank1").is_dir()
     assert len(trajectories(out, 1)) == 2, "rank 0 rolled out its half of the 4 episodes"
     episodes = [json.loads(x)["episode"] for x in

@@ -63,6 +63,19 @@ class SpecMetrics:
         self._spec_done: dict[str, float] = {}
         self.running: dict[int, dict] = {}    # episode -> {turn, phase} for live displays
 
+    def merge(self, other: "SpecMetrics") -> None:
+        """Add another process's finished rollouts (episode numbers differ between processes)."""
+        for name, mine in vars(self).items():
+            if name.startswith("_") or name == "running":
+                continue  # in-flight bookkeeping, empty once a batch is over
+            theirs = getattr(other, name)
+            if isinstance(mine, dict):   # Counters add; per-episode dicts are disjoint
+                mine.update(theirs)
+            elif isinstance(mine, list):
+                mine.extend(theirs)
+            else:
+                setattr(self, name, mine + theirs)
+
     def __call__(self, e: Event) -> None:
         self.counts[e.kind] += 1
         d = e.data

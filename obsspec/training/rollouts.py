@@ -64,6 +64,41 @@ class StepRollouts:
     class_hits: dict = field(default_factory=dict)   # command class -> [matches, verified drafts]
     sec: float = 0.0
     by_kind: dict = field(default_factory=dict)      # "family/kind" -> [successes, scored episodes]
+    spec: SpecMetrics | None = None                  # what `metrics` was computed from (mergeable)
+    counts: Counter = field(default_factory=Counter)  # outcome and cache counts (mergeable)
+
+    def summarise(self) -> None:
+        """`metrics` from `spec` and `counts`."""
+        self.metrics = self.spec.summary() if self.spec is not None else {}
+        self.metrics.update(outcome_metrics_of(self.counts))
+        if "cache/lookups" in self.counts:
+            lookups, hits = self.counts["cache/lookups"], self.counts["cache/hits"]
+            self.metrics.update({"cache/lookups": lookups, "cache/hits": hits,
+                                 "cache/hit_frac": hits / lookups if lookups else None})
+
+
+def merge_steps(parts: list[StepRollouts]) -> StepRollouts:
+    """One step's rollouts of every process as one (trajectories stay with their process): the
+    metrics of all episodes, not of the main process's share."""
+    spec, counts, class_hits_, by_kind = SpecMetrics(), Counter(), Counter(), Counter()
+    for part in parts:
+        if part.spec is not None:
+            spec.merge(part.spec)
+        counts.update(part.counts)
+        for table, into in ((part.class_hits, class_hits_), (part.by_kind, by_kind)):
+            for key, (won, seen) in table.items():
+                into[key, 0] += won
+                into[key, 1] += seen
+    first = parts[0]
+
+    def back(table):
+        return {k: [table[k, 0], table[k, 1]] for k in sorted({k for k, _ in table})}
+
+    merged = StepRollouts(first.step, first.trajectories, {}, back(class_hits_), max(p.sec for p in parts),
+                          back(by_kind), spec, counts)
+    merged.summarise()
+    merged.metrics["processes"] = len(parts)
+    return merged
 
 
 class Rollouts:
@@ -90,6 +125,16 @@ class Rollouts:
         if unknown:
             raise KeyError(f"prompts that are not task ids of this run: {unknown[:3]}")
         result = self.run([self.tasks[p] for p in prompts], step, first)
+        if getattr(getattr(trainer, "accelerator", None), "num_processes", 1) > 1:
+            # every process rolled out its share: the step's metrics are those of all of them
+            # (rank 0 alone would hide, among others, the other ranks' infra failures)
+            from accelerate.utils import gather_object
+
+            parts = [StepRollouts(result.step, [], {}, result.class_hits, result.sec, result.by_kind,
+                                  result.spec, result.counts)]
+            merged = merge_steps(gather_object(parts))
+            merged.trajectories = result.trajectories
+            self.last = merged
         for hook in self.after_rollouts:
             hook(result)
         return self.rows(result.trajectories)
@@ -118,14 +163,13 @@ class Rollouts:
         finally:
             self.live.stop()
             trace.close()
-        result = StepRollouts(step, trajectories, metrics.summary(), class_hits(trajectories),
-                              time.monotonic() - t0, success_by_kind(tasks, trajectories))
-        result.metrics.update(outcome_metrics(trajectories))
+        counts = outcome_counts(trajectories)
         if hasattr(self.predictor, "lookups") and s.speculative:  # this step's, not cumulative
-            lookups = self.predictor.lookups - cache_before[0]
-            result.metrics["cache/lookups"] = lookups
-            result.metrics["cache/hits"] = self.predictor.hits - cache_before[1]
-            result.metrics["cache/hit_frac"] = result.metrics["cache/hits"] / lookups if lookups else None
+            counts["cache/lookups"] = self.predictor.lookups - cache_before[0]
+            counts["cache/hits"] = self.predictor.hits - cache_before[1]
+        result = StepRollouts(step, trajectories, {}, class_hits(trajectories), time.monotonic() - t0,
+                              success_by_kind(tasks, trajectories), metrics, counts)
+        result.summarise()
         self._write(out, mode, tasks, result, first_episode)
         if not label:
             self.last = result
@@ -198,10 +242,19 @@ def _fresh_dir(path: str) -> str:
 def outcome_metrics(trajectories: list[Trajectory]) -> dict:
     """Success and infrastructure failures over a step's episodes (infra failures excluded from
     the success rate: they are neither successes nor failures of the agent)."""
+    return outcome_metrics_of(outcome_counts(trajectories))
+
+
+def outcome_counts(trajectories: list[Trajectory]) -> Counter:
     scored = [t.reward for t in trajectories if not t.infra_error and t.reward is not None]
-    return {"success_frac": sum(r >= 1.0 for r in scored) / len(scored) if scored else None,
-            "infra_failures": sum(1 for t in trajectories if t.infra_error),
-            "turns_mean": sum(len(t.turns) for t in trajectories) / max(1, len(trajectories))}
+    return Counter(episodes=len(trajectories), scored=len(scored), won=sum(r >= 1.0 for r in scored),
+                   infra=sum(1 for t in trajectories if t.infra_error), turns=sum(len(t.turns) for t in trajectories))
+
+
+def outcome_metrics_of(counts: Counter) -> dict:
+    return {"success_frac": counts["won"] / counts["scored"] if counts["scored"] else None,
+            "infra_failures": counts["infra"],
+            "turns_mean": counts["turns"] / max(1, counts["episodes"])}
 
 
 def success_by_kind(tasks: list[Task], trajectories: list[Trajectory]) -> dict:

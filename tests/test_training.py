@@ -174,6 +174,25 @@ def test_history_cache_answers_first_and_its_state_round_trips():
     again = HistoryCache()
     again.load_state(p.cache.state())
     assert asyncio.run(again.predict(req))[0].body == "a\n(exit_code=0)"
+    old_checkpoint = HistoryCache()  # rows written before histories were hashed
+    old_checkpoint.load_state([["k", ["ls"], "a\n(exit_code=0)"]])
+    assert asyncio.run(old_checkpoint.predict(req))[0].body == "a\n(exit_code=0)"
+
+
+def test_the_history_cache_is_bounded_and_keeps_what_was_used_last():
+    """The policy decides how long and how many observations are, and the cache lives through the
+    run and into every checkpoint (found unbounded, with each row repeating its whole command
+    history, by an adversarial review)."""
+    import asyncio
+
+    cache = HistoryCache(max_chars=30)
+    reqs = [PredictRequest("k", "t", 0, i, ("x" * 1000,) * (i + 1), ()) for i in range(4)]
+    for r in reqs[:3]:
+        cache.learn(r, "o" * 10)
+    asyncio.run(cache.predict(reqs[0]))  # used: now the most recent
+    cache.learn(reqs[3], "p" * 10)       # 40 characters: the least recently used goes
+    assert [bool(asyncio.run(cache.predict(r))) for r in reqs] == [True, False, True, True]
+    assert max(len(str(row)) for row in cache.state()) < 200, "a checkpoint row holds the whole history"
 
 
 def test_class_hits_count_matches_over_verified_drafts(fmt):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -67,25 +68,53 @@ class NoPredictor:
         pass
 
 
-class HistoryCache:
-    name = "history"
+def history_key(commands: Sequence[str]) -> str:
+    """A command history as a fixed-size key (histories grow with every turn)."""
+    h = hashlib.sha256()
+    for c in commands:
+        h.update(c.encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()
 
-    def __init__(self):
-        self._seen: dict[tuple[str, tuple[str, ...]], str] = {}
+
+class HistoryCache:
+    """Observations by (task, command history), least recently used first out past `max_chars`
+    characters of observations: the policy decides how long and how many they are, and the
+    cache lives through a whole training run and into every checkpoint."""
+
+    name = "history"
+    MAX_CHARS = 200_000_000
+
+    def __init__(self, max_chars: int = MAX_CHARS):
+        self._seen: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self.max_chars, self._chars = max_chars, 0
 
     async def predict(self, request: PredictRequest) -> list[Draft]:
-        body = self._seen.get((request.task_key, request.commands))
-        return [Draft(body)] if body is not None else []
+        key = (request.task_key, history_key(request.commands))
+        body = self._seen.get(key)
+        if body is None:
+            return []
+        self._seen.move_to_end(key)
+        return [Draft(body)]
 
     def learn(self, request: PredictRequest, body: str) -> None:
-        self._seen[(request.task_key, request.commands)] = body
+        self._put((request.task_key, history_key(request.commands)), body)
+
+    def _put(self, key: tuple[str, str], body: str) -> None:
+        old = self._seen.pop(key, None)
+        self._chars += len(body) - (len(old) if old is not None else 0)
+        self._seen[key] = body
+        while self._chars > self.max_chars and len(self._seen) > 1:
+            self._chars -= len(self._seen.popitem(last=False)[1])
 
     def state(self) -> list:
-        """The cache as JSON-able rows [task_key, commands, body] (for checkpoints)."""
-        return [[key, list(commands), body] for (key, commands), body in sorted(self._seen.items())]
+        """The cache as JSON-able rows [task_key, history key, body], oldest first (checkpoints)."""
+        return [[task, history, body] for (task, history), body in self._seen.items()]
 
     def load_state(self, rows: list) -> None:
-        self._seen = {(key, tuple(commands)): body for key, commands, body in rows}
+        self._seen, self._chars = OrderedDict(), 0
+        for task, history, body in rows:
+            # (a checkpoint written before histories were hashed holds the command list)
+            self._put((task, history if isinstance(history, str) else history_key(history)), body)
 
 
 class Oracle(HistoryCache):
@@ -95,10 +124,10 @@ class Oracle(HistoryCache):
 
     def __init__(self, records: Sequence[tuple[str, Sequence[str], Sequence[str]]]):
         """records: (task_key, commands, observation bodies), one entry per recorded episode."""
-        super().__init__()
+        super().__init__(max_chars=1 << 62)  # everything recorded
         for task_key, commands, bodies in records:
             for i, body in enumerate(bodies):
-                self._seen[(task_key, tuple(commands[: i + 1]))] = body
+                self._put((task_key, history_key(commands[: i + 1])), body)
 
     def learn(self, request: PredictRequest, body: str) -> None:
         pass  # an oracle only knows what was recorded

@@ -17,8 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from obsspec.engines import Engine, GenerationRequest
+from obsspec.engines.base import PromptTooLong
 from obsspec.engines.vllm import VLLMEngine, VLLMServerError
 
+MAX_MODEL_LEN = 1024
 SLOW = 999  # a prompt starting with this token is held until the client disconnects
 BASE = "Qwen/Qwen3-0.6B"
 
@@ -60,6 +62,11 @@ class FakeVLLM(BaseHTTPRequestHandler):
                                               "code": 404}})
         prompt = body["prompt"]
         assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+        if len(prompt) + body["max_tokens"] > MAX_MODEL_LEN:  # vLLM's wording
+            message = (f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
+                       f"requested {len(prompt) + body['max_tokens']} tokens.")
+            return self.reply(400, {"object": "error", "message": message, "type": "BadRequestError",
+                                    "code": 400})
         if prompt[0] == SLOW:
             return self.wait_for_disconnect()
         n = min(body["max_tokens"], 4)
@@ -215,6 +222,18 @@ def test_engine_cancel_returns_a_cancelled_generation(server):
 
     gen = run(main())
     assert gen.finish_reason == "cancelled" and gen.token_ids == ()
+
+
+def test_a_prompt_past_the_servers_context_is_prompt_too_long(server):
+    """The world model's prompt can outgrow its context (the history fills the policy's): the
+    predictor then makes no draft, which needs this error told apart from other server errors."""
+    async def main():
+        async with engine_for(server) as engine:
+            await engine.generate(GenerationRequest([1] * (MAX_MODEL_LEN - 8), max_new_tokens=8))
+            await engine.generate(GenerationRequest([1] * (MAX_MODEL_LEN - 8), max_new_tokens=9))
+
+    with pytest.raises(PromptTooLong, match="maximum context length"):
+        run(main())
 
 
 def test_server_errors_and_unreachable_servers():

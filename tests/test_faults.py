@@ -17,7 +17,7 @@ import pytest
 
 from fakes import ByteTokenizer, ScriptedPolicy
 from obsspec import chat
-from obsspec.engines.base import EngineClosedError, Generation
+from obsspec.engines.base import EngineClosedError, Generation, PromptTooLong
 from obsspec.env.sandbox import SandboxConfig, SandboxError
 from obsspec.env.task import Task
 from obsspec.rollout.events import EventBus
@@ -288,16 +288,15 @@ def test_a_world_model_prompt_past_its_positions_gets_no_draft_and_the_episode_g
     that for a bug and the training run died (found by an adversarial review)."""
 
     class Engine:
-        max_positions = 1  # every prompt is too long
         calls = 0
 
         async def generate(self, request):
             Engine.calls += 1
-            raise ValueError(f"prompt of {len(request.prompt_ids)} tokens exceeds the model's positions")
+            raise PromptTooLong(f"prompt of {len(request.prompt_ids)} tokens exceeds the model's positions")
 
     sched, events = scheduler(WorldModelPredictor(Engine(), ChatFormat(ByteTokenizer()), cap=512))
     traj = asyncio.run(sched.run_episode(TASK, 0, FakeTool(delay=0.05), speculative=True))
-    assert traj.reward == 1.0 and traj.infra_error == "" and Engine.calls == 0
+    assert traj.reward == 1.0 and traj.infra_error == "" and Engine.calls == 3
     events.check_accounting()
 
 

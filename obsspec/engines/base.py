@@ -36,6 +36,11 @@ class EngineClosedError(RuntimeError):
     """Raised for requests that were still pending or running when the engine was closed."""
 
 
+class PromptTooLong(ValueError):
+    """The prompt (with the tokens asked for, where the server counts them) does not fit the
+    model's positions: refused, nothing generated."""
+
+
 # --------------------------------------------------------------------------------------------
 # Requests and results
 

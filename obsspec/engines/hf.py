@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest
+from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest, PromptTooLong
 from obsspec.engines.kv_batch import DecodeBatch, sample_token
 from obsspec.engines.lora import LoraAdapters
 
@@ -326,7 +326,7 @@ class HFEngine:
         request = r.request
         r.admitted = time.perf_counter()
         if self.max_positions is not None and len(request.prompt_ids) > self.max_positions:
-            raise ValueError(
+            raise PromptTooLong(
                 f"prompt of {len(request.prompt_ids)} tokens exceeds the model's "
                 f"{self.max_positions} positions"
             )

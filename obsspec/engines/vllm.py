@@ -24,14 +24,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import ssl
 import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest
+from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest, PromptTooLong
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
+
+
+# vLLM's 400 for a prompt (+ max_tokens) past max_model_len, in the wordings of its versions
+_TOO_LONG = re.compile(r"maximum context length|longer than the maximum model length|max_model_len", re.I)
 
 
 class VLLMServerError(RuntimeError):
@@ -199,7 +204,10 @@ class VLLMEngine:
         finally:
             writer.close()
         if status >= 400:
-            raise VLLMServerError(status, _error_message(payload))
+            message = _error_message(payload)
+            if status == 400 and _TOO_LONG.search(message):
+                raise PromptTooLong(message)
+            raise VLLMServerError(status, message)
         try:
             return json.loads(payload) if payload else {}
         except json.JSONDecodeError:  # e.g. load_lora_adapter answers plain text

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from obsspec import chat
-from obsspec.engines.base import GenerationRequest
+from obsspec.engines.base import GenerationRequest, PromptTooLong
 from obsspec.env.task import Task
 from obsspec.tokens import wm_context
 
@@ -176,12 +176,6 @@ class WorldModelPredictor:
 
     async def predict(self, request: PredictRequest) -> list[Draft]:
         prompt = await self.prompt_ids(request)
-        # The history may fill the policy's context, and the world model's prompt adds the
-        # observation opening (and the snapshot): with no position left to write in, no draft
-        # (the engine would refuse the prompt, and a training run died of it).
-        limit = getattr(self.engine, "max_positions", None)
-        if limit is not None and len(prompt) >= limit:
-            return []
         requests = []
         for k in range(self.breadth):
             requests.append(GenerationRequest(
@@ -196,6 +190,11 @@ class WorldModelPredictor:
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(self.engine.generate(r)) for r in requests]
         except BaseExceptionGroup as eg:
+            if isinstance(eg.exceptions[0], PromptTooLong):
+                # The history may fill the policy's context, and the world model's prompt adds
+                # the observation opening (and the snapshot): no room, no draft (taken for a bug
+                # of ours, this ended a training run).
+                return []
             raise eg.exceptions[0] from None  # the first failure, as the scheduler expects it
         generations = [t.result() for t in tasks]
         # A generation that never closed the observation (hit max_tokens, or stopped on a bare

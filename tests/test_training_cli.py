@@ -216,6 +216,7 @@ def test_two_processes_on_cpu(root, run):
                 (out / "rollouts" / "step-000001.rank1" / "episodes.jsonl").read_text().splitlines()]
     assert episodes == [2, 3], "rank 1's episodes (and seeds) follow rank 0's"
     assert (out / "checkpoints" / "checkpoint-1").is_dir()
+    assert "Writing model shards" not in r.stderr + r.stdout, "a progress bar of the checkpoint garbles the display"
 
 
 def _digest(model) -> str:

@@ -124,6 +124,9 @@ class TrainingRun:
         from transformers import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # MetricsLog prints a line per step instead
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # "Writing model shards" at each checkpoint garbled the display
         return trainer
 
     # -- our state in checkpoints ----------------------------------------------------------------

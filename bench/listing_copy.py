@@ -1,0 +1,154 @@
+"""Can the tiny world model learn to copy a directory listing from the snapshot in its prompt?
+With the kit's tokenizer as it is (the baseline) and with a few listing fields as single tokens.
+
+    PYTHONPATH=$PWD nice -n 10 .venv/bin/python bench/listing_copy.py --kit KIT \
+        [--steps 5000] [--arms plain,atoms] [--out result.json] [--plot curve.png]
+
+A probe of the model alone, no sandbox: synthetic examples of the task the tiny base fails on
+(docs/WORLDMODEL.md) — a system turn holding `ls -lR` of /app (3-9 files in data/, names from
+31 words x 5 extensions, sizes of 2-4 digits right-aligned as `ls` pads them, the pinned date),
+the call `ls -l data`, and as target the `./data` block + `\n(exit_code=0)` + the closing tag,
+loss on the target only. Each arm trains the recipe's world-model shape (kit.world_model: 2
+layers, width 128) from the same seed on the same 4,000 examples (AdamW, constant lr after 100
+warm-up steps, batch 8) and is judged every `--every` steps by greedy exact match on 20 held-out
+listings. The `atoms` arm adds `-rw-r--r--`, `drwxr-xr-x`, ` 1 agent agent `, ` 2 agent agent `
+and ` Jan  1 00:00 ` to the tokenizer as single tokens: a listing line shrinks from ~34 tokens
+to ~11, and the name of the previous line (the only clue to which line comes next, since every
+line starts alike) sits ~7 tokens back instead of ~17. Prints one JSON line per evaluation and
+the whole result at the end; `--plot` draws exact match against steps for both arms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+
+import torch
+from tokenizers import AddedToken
+from transformers import AutoTokenizer
+
+from obsspec import chat
+from obsspec.config import load_recipe
+from obsspec.models import tiny
+from obsspec.models.kit import KitPaths
+from obsspec.tokens import IM_END, IM_START, OBS_PREFIX
+
+WORDS = ("app config data main notes schema summary todo server backup test error access audit build "
+         "cache debug events index jobs metrics queue report sync trace users worker alpha beta gamma delta").split()
+EXTS = ("txt", "log", "csv", "md", "json")
+ATOMS = ("-rw-r--r--", "drwxr-xr-x", " 1 agent agent ", " 2 agent agent ", " Jan  1 00:00 ")
+
+
+def listing(rng: random.Random) -> tuple[str, int]:
+    """`ls -l data` of a random data/ folder, as the sandbox prints it."""
+    names = sorted({f"{rng.choice(WORDS)}.{rng.choice(EXTS)}" for _ in range(rng.randint(3, 9))})
+    sizes = [rng.choice([rng.randint(10, 99), rng.randint(100, 999), rng.randint(100, 999), rng.randint(1000, 4000)])
+             for _ in names]
+    width = max(len(str(s)) for s in sizes)
+    lines = [f"total {4 * len(names)}"] + [f"-rw-r--r-- 1 agent agent {str(s).rjust(width)} Jan  1 00:00 {n}"
+                                           for n, s in zip(names, sizes)]
+    return "\n".join(lines) + "\n", len(names)
+
+
+def example(tok, rng: random.Random) -> tuple[list[int], list[int], str]:
+    """(prompt ids, target ids, the body a hit must equal)."""
+    block, n = listing(rng)
+    snapshot = (f"{IM_START}system\n<workspace>\n/app before the first command:\n$ ls -lR\n.:\ntotal 0\n"
+                f"drwxr-xr-x 2 agent agent {40 + 20 * n} Jan  1 00:00 data\n\n./data:\n{block}</workspace>{IM_END}\n")
+    prompt = snapshot + f"{IM_START}assistant\n" + chat.render_bash("ls -l data") + IM_END + OBS_PREFIX
+    body = block + "\n(exit_code=0)"
+    return tok.encode(prompt), tok.encode(body + chat.OBS_CLOSE), body
+
+
+def exact(model, tok, held) -> float:
+    model.eval()
+    hits = 0
+    with torch.no_grad():
+        for prompt, target, body in held:
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=len(target) + 5, do_sample=False)
+            hits += tok.decode(out[0, len(prompt):]).split(chat.OBS_CLOSE)[0] == body
+    model.train()
+    return hits / len(held)
+
+
+def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed: int) -> dict:
+    tok = AutoTokenizer.from_pretrained(KitPaths.under(kit).tokenizer)
+    if arm == "atoms":
+        tok.add_tokens([AddedToken(a, normalized=False) for a in ATOMS])
+    rng = random.Random(seed)
+    train = [example(tok, rng) for _ in range(4000)]
+    held = [example(tok, random.Random(10**6 + i)) for i in range(20)]
+    model = tiny.build_model(shape, tok, 1024, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
+    curve, t0, batch = [], time.monotonic(), 8
+    for step in range(steps):
+        rows = [train[(step * batch + i) % len(train)] for i in range(batch)]
+        width = max(len(p) + len(t) for p, t, _ in rows)
+        ids = torch.full((batch, width), tok.pad_token_id)
+        labels = torch.full((batch, width), -100)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, (p, t, _) in enumerate(rows):
+            ids[i, :len(p) + len(t)] = torch.tensor(p + t)
+            mask[i, :len(p) + len(t)] = 1
+            labels[i, len(p):len(p) + len(t)] = torch.tensor(t)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        warm.step()
+        opt.zero_grad()
+        if (step + 1) % every == 0 or step + 1 == steps:
+            point = {"arm": arm, "step": step + 1, "loss": round(loss.item(), 4),
+                     "exact": exact(model, tok, held), "sec": round(time.monotonic() - t0)}
+            curve.append(point)
+            print(json.dumps(point), flush=True)
+    return {"tokens_per_example": sum(len(p) + len(t) for p, t, _ in train[:100]) / 100,
+            "parameters": tiny.count_parameters(model), "curve": curve}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--kit", required=True, help="a built kit folder (kit-<key>): its tokenizer")
+    p.add_argument("--recipe", default="recipes/tiny-cpu.yaml", help="kit.world_model gives the shape")
+    p.add_argument("--arms", default="plain,atoms")
+    p.add_argument("--steps", type=int, default=5000)
+    p.add_argument("--every", type=int, default=250)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default="")
+    p.add_argument("--plot", default="")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    shape = load_recipe(args.recipe).kit.world_model
+    result = {"args": vars(args), "shape": shape.__dict__,
+              "arms": {arm: train_arm(arm, args.kit, shape, args.steps, args.every, args.lr, args.seed)
+                       for arm in args.arms.split(",")}}
+    final = {arm: r["curve"][-1]["exact"] for arm, r in result["arms"].items()}
+    result["final_exact"] = final
+    if "plain" in final and "atoms" in final:
+        result["atoms_minus_plain_points"] = round(100 * (final["atoms"] - final["plain"]), 1)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for arm, r in result["arms"].items():
+            ax.plot([c["step"] for c in r["curve"]], [100 * c["exact"] for c in r["curve"]], marker="o", label=arm)
+        ax.set(xlabel="optimizer steps", ylabel="exact listings (% of 20)", title="tiny world model copying `ls -l data`")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import shutil
+import time
 
 from obsspec import chat
 from obsspec.config import Recipe
@@ -44,6 +45,23 @@ async def _demo(recipe: Recipe, out_dir: str, display: Display, emit) -> dict:
             "sample_turns": len(record.steps), "sample_reward": record.reward, "idle_reward": idle.reward}
 
 
+DEMO_MARK = ".obsspec-demo"  # in a training run the demo started, which the next demo may replace
+
+
+def fresh_train_dir(train_dir: str, emit) -> str:
+    """An empty `train_dir` for the demo's run: an earlier demo's run there is replaced; anything
+    else (a run of `obsspec train --out`) is moved aside, never deleted."""
+    if os.path.exists(os.path.join(train_dir, DEMO_MARK)):
+        shutil.rmtree(train_dir)
+    elif os.path.lexists(train_dir):
+        kept = f"{train_dir}.kept-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.rename(train_dir, kept)
+        emit(f"{train_dir} was not a demo's run: moved to {kept}", "yellow")
+    os.makedirs(train_dir)
+    open(os.path.join(train_dir, DEMO_MARK), "w").close()
+    return train_dir
+
+
 def run_demo(recipe: Recipe, out_dir: str, display: Display) -> dict:
     from rich.console import Console
     from rich.markup import escape
@@ -64,9 +82,7 @@ def run_demo(recipe: Recipe, out_dir: str, display: Display) -> dict:
     tasks_dir = os.path.join(out_dir, "tasks")
     train_recipe = dataclasses.replace(recipe, rollout=dataclasses.replace(recipe.rollout, tasks_dir=tasks_dir))
     live_kind = "rich" if getattr(display, "console", None) is not None else "plain"
-    train_dir = os.path.join(out_dir, "train")
-    if os.path.exists(os.path.join(train_dir, "recipe.json")):  # an earlier demo's run: start over
-        shutil.rmtree(train_dir)
+    train_dir = fresh_train_dir(os.path.join(out_dir, "train"), emit)
     summary["train"] = run_training(train_recipe, train_dir, False, make_live(live_kind, "training"), display)
     print_training_table(summary["train"], recipe.rollout.latency)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:

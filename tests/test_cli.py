@@ -99,3 +99,22 @@ def test_prepare_tasks_is_reproducible_and_loadable(tmp_path):
     assert len(ds["train"]) == summary["train"] and "instruction" in ds["train"].column_names
     traj = [json.loads(line) for line in (a / "trajectories.jsonl").read_text().splitlines()]
     assert all(t["reward"] == 1.0 and t["steps"] and "(exit_code=" in t["steps"][0]["observation"] for t in traj)
+
+
+def test_the_demo_replaces_only_its_own_training_run(tmp_path):
+    """`obsspec demo --out DIR` used to delete any DIR/train holding a recipe.json, a run of
+    `obsspec train` included (found by an adversarial review)."""
+    from obsspec.demo import DEMO_MARK, fresh_train_dir
+
+    train = tmp_path / "train"
+    (train / "checkpoints" / "checkpoint-30").mkdir(parents=True)
+    (train / "recipe.json").write_text("{}")
+    said = []
+    assert fresh_train_dir(str(train), lambda text, style=None: said.append(text)) == str(train)
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("train.kept-")]
+    assert len(kept) == 1 and (kept[0] / "checkpoints" / "checkpoint-30").is_dir(), "another run was not kept"
+    assert said and "moved to" in said[0]
+    assert sorted(p.name for p in train.iterdir()) == [DEMO_MARK]
+    (train / "recipe.json").write_text("{}")  # the demo's own run: replaced
+    fresh_train_dir(str(train), said.append)
+    assert sorted(p.name for p in train.iterdir()) == [DEMO_MARK] and len(list(tmp_path.iterdir())) == 2

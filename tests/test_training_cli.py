@@ -184,6 +184,13 @@ def test_resume_refuses_a_changed_recipe_and_a_missing_run(root, run, tmp_path):
     # that failed start left no step behind, so starting again needs no --resume
     assert "already holds" not in cli("train", *common(root), "train.families=[no-such-family]", "--out",
                                       str(tmp_path / "fam"), "--display", "none").stderr
+    # another run's val-before (eval.json) is never taken for this one's; a broken run file is one line
+    (tmp_path / "fam" / "eval.json").write_text('{"before": {"success_frac": 1.0}}')
+    r = cli("train", *common(root), "--out", str(tmp_path / "fam"), "--display", "none")
+    assert r.returncode == 2 and "already holds" in r.stderr
+    (tmp_path / "fam" / "recipe.json").write_text("{broken")
+    r = cli("train", *common(root), "--out", str(tmp_path / "fam"), "--resume", "--display", "none")
+    assert r.returncode == 2 and "not a readable run file" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_dry_run_loads_nothing_and_bad_batch_shapes_are_one_line(tmp_path):

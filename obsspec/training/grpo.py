@@ -185,20 +185,29 @@ def _check_run_dir(recipe: Recipe, out_dir: str, resume: bool, checkpoint) -> No
         if not os.path.exists(saved):
             raise TrainError(f"{out_dir}: no training run to resume (no recipe.json)")
         before = _read_json(saved)
+        if not isinstance(before, dict):
+            raise TrainError(f"{saved} is not a run's recipe (a JSON object)")
         changed = sorted(k for k in set(before) | set(current) if before.get(k) != current.get(k))
         if changed:
             raise TrainError(f"{out_dir}: the recipe differs from the run's in {', '.join(changed)}: "
                              "resume with the same recipe and overrides, or start a new run (--out)")
-    elif checkpoint or os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
+    elif checkpoint or any(os.path.exists(os.path.join(out_dir, name)) for name in ("metrics.jsonl", "eval.json")):
+        # (a run that stopped before its first step may have its val-before in eval.json, which a
+        # new run there would take for its own; a lone recipe.json is a start that failed)
         raise TrainError(f"{out_dir} already holds a training run: continue it with --resume, or "
                          "choose another --out")
+    elif os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise TrainError(f"--out {out_dir} is a file, not a directory")
 
 
 def _read_json(path: str):
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, OSError) as e:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        raise TrainError(f"{path}: not a readable run file ({e})") from None
 
 
 def _write_json(path: str, data) -> None:

@@ -109,7 +109,8 @@ def prepare_tasks_cmd(
     """
     from obsspec.env.suite import prepare_tasks
 
-    extra = [f"tasks.harbor_dir={from_dir}"] if from_dir else []
+    # quoted: overrides are YAML, and a folder named 0x10 or "a #1" must stay that name
+    extra = [f"tasks.harbor_dir={json.dumps(from_dir)}"] if from_dir else []
     extra += ["tasks.builtin=false"] if no_builtin else []
     rec = _load(recipe, (overrides or []) + extra)
     out_dir = out or os.path.join(rec.run_dir, "tasks")

@@ -118,3 +118,10 @@ def test_the_demo_replaces_only_its_own_training_run(tmp_path):
     (train / "recipe.json").write_text("{}")  # the demo's own run: replaced
     fresh_train_dir(str(train), said.append)
     assert sorted(p.name for p in train.iterdir()) == [DEMO_MARK] and len(list(tmp_path.iterdir())) == 2
+
+
+def test_prepare_tasks_from_takes_the_folder_name_as_given(tmp_path):
+    """`--from 0x10` imported the folder `16` (the path went through YAML): adversarial review."""
+    (tmp_path / "16").mkdir()
+    r = cli("prepare-tasks", "--from", "0x10", "--no-builtin", "--out", "out", cwd=tmp_path)
+    assert r.returncode == 2 and "0x10" in r.stderr and "Traceback" not in r.stderr, r.stderr

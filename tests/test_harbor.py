@@ -127,6 +127,10 @@ def test_a_bad_single_task_folder_is_skipped_not_raised():
      "environment/Dockerfile: WORKDIR $HOME uses a variable"),
     ({"environment__setup.sh": ":", "environment__Dockerfile": "FROM x\nWORKDIR /usr/src/app\n"},
      "environment/Dockerfile: WORKDIR /usr/src/app cannot be the sandbox workspace"),
+    ({"environment__setup.sh": ":", "environment__Dockerfile": "FROM x\nWORKDIR /tmp\n"},
+     "environment/Dockerfile: WORKDIR /tmp cannot be the sandbox workspace"),  # hung prepare-tasks
+    ({"environment__setup.sh": ":", "environment__Dockerfile": "FROM x\nWORKDIR /run/app\n"},
+     "environment/Dockerfile: WORKDIR /run/app cannot be the sandbox workspace"),
     ({"task.toml": "[verifier]\ntimeout_sec = 'soon'\n"}, "task.toml: verifier.timeout_sec must"),
     ({"task.toml": "metadata = 3\n"}, "task.toml: [metadata] must be a table"),
     ({"task.toml": "[verifier]\nenv = { KEY = '${OPENAI_API_KEY}' }\n"},
@@ -141,6 +145,22 @@ def test_other_skip_reasons(tmp_path, files, reason):
 def test_non_utf8_file_is_skipped(tmp_path):
     (make_task(tmp_path, "t") / "instruction.md").write_bytes(b"caf\xe9\n")
     assert import_harbor(tmp_path).skipped == [("t", "instruction.md is not UTF-8 text (byte 3)")]
+
+
+def test_fifos_devices_and_odd_names_are_skipped_and_links_count_their_size(tmp_path):
+    """Found by an adversarial review: a FIFO hung the import, a device node was read until memory
+    ran out, 30 links to one 4.4 MB file made a 141 MB suite, a non-UTF-8 name crashed the write."""
+    import os
+
+    os.mkfifo(make_task(tmp_path / "a", "fifo") / "tests" / "pipe")
+    assert import_harbor(tmp_path / "a").skipped == [("fifo", "tests/pipe is not a regular file (a FIFO, socket or device)")]
+    folder = make_task(tmp_path / "b", "links", environment__big="x" * (2 << 20))
+    for i in range(3):
+        (folder / f"environment/link{i}").symlink_to("big")
+    assert import_harbor(tmp_path / "b").skipped[0][1].startswith("files too large (8.0 MB")
+    folder = make_task(tmp_path / "c", "name")
+    (folder / os.fsdecode(b"tests/caf\xe9.txt")).write_text("x")
+    assert "a file name that is not UTF-8" in import_harbor(tmp_path / "c").skipped[0][1]
 
 
 def test_symlinks_inside_the_folder_are_followed(tmp_path):

@@ -61,6 +61,19 @@ def test_interrupted_validation_resumes_without_rerunning(tmp_path, monkeypatch)
     assert again[0].reference == first[0].reference and again[0].reference.steps[0].seconds == 0.01
 
 
+def test_a_task_the_sandbox_refuses_is_dropped_and_the_others_finish():
+    """A task with a workdir the sandbox refuses (an imported WORKDIR /tmp) raised out of the
+    gather and left its siblings hanging mid-start: prepare-tasks never ended (adversarial review)."""
+    import dataclasses
+
+    tasks, _ = suite.generate_builtin(TasksConfig(num_instances=2, families=("count-lines",)))
+    bad = dataclasses.replace(tasks[0], task_id="bad", workdir="/tmp")
+    cfg = SandboxConfig(timeout_s=5, memory_mb=512, max_procs=32)
+    got = asyncio.run(asyncio.wait_for(suite.validate_all([bad, *tasks], cfg, 3, False, NullDisplay()), 120))
+    assert got[0].problem.startswith("could not be run: ValueError: task workdir must be")
+    assert [v.problem for v in got[1:]] == ["", ""]
+
+
 def test_infrastructure_failures_are_not_cached(tmp_path, monkeypatch):
     tasks, _ = suite.generate_builtin(TasksConfig(num_instances=1, families=("count-lines",)))
     checkpoint = tmp_path / "cp.jsonl"

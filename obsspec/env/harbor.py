@@ -41,10 +41,12 @@ import os
 import posixpath
 import re
 import shlex
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from obsspec.env.sandbox import check_workdir
 from obsspec.env.task import Task
 
 MAX_TASK_BYTES = 5 * 1024 * 1024
@@ -52,9 +54,6 @@ DEFAULT_WORKDIR = "/app"  # what Harbor images usually use
 DOCKER_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml")
 NOT_COPIED = {*DOCKER_FILES, ".dockerignore", "setup.sh"}  # environment/ files kept out of /app
 TASK_MARKERS = ("task.toml", "instruction.md", "tests", "environment", "solution")
-# The sandbox cannot mount the workspace under these (read-only system dirs and its own mounts).
-RESERVED_DIRS = ("/usr", "/etc", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
-                 "/tests", "/logs")
 
 # Run after test.sh; Harbor verifiers may write reward.json where the sandbox reads reward.txt.
 REWARD_JSON_TO_TXT = """\
@@ -192,8 +191,10 @@ def _dockerfile_workdir(text: str) -> str:
                 raise _Skip(f"environment/Dockerfile: WORKDIR {arg} uses a variable we cannot "
                             f"resolve without Docker")
             workdir = posixpath.normpath(posixpath.join(workdir, arg))  # relative: to the last
-    if workdir == "/" or any(workdir == d or workdir.startswith(d + "/") for d in RESERVED_DIRS):
-        raise _Skip(f"environment/Dockerfile: WORKDIR {workdir} cannot be the sandbox workspace")
+    try:
+        check_workdir(workdir)
+    except ValueError:
+        raise _Skip(f"environment/Dockerfile: WORKDIR {workdir} cannot be the sandbox workspace") from None
     return workdir
 
 
@@ -254,6 +255,10 @@ def _check_tree(folder: Path) -> None:
         for name in dirnames + filenames:
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, folder)
+            try:
+                rel.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _Skip(f"{rel!r}: a file name that is not UTF-8") from None
             if os.path.islink(path):
                 target = os.path.realpath(path)
                 if os.path.commonpath([target, folder]) != str(folder):
@@ -261,8 +266,12 @@ def _check_tree(folder: Path) -> None:
                                 f"(to {os.readlink(path)})")
                 if not os.path.isfile(target):  # a directory link could loop; a broken one is a bug
                     raise _Skip(f"{rel} is a symlink to a directory or to nothing (not supported)")
-            elif name in filenames:
-                total += os.lstat(path).st_size
+                path = target  # read once per link: its size counts each time
+            if name in filenames:
+                st = os.stat(path, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):  # a FIFO hung the import, /dev/zero's twin ate memory
+                    raise _Skip(f"{rel} is not a regular file (a FIFO, socket or device)")
+                total += st.st_size
     if total > MAX_TASK_BYTES:
         raise _Skip(f"files too large ({total / 2**20:.1f} MB > "
                     f"{MAX_TASK_BYTES // 2**20} MB total)")

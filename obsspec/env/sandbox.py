@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import posixpath
 import secrets
 import shutil
 import signal
@@ -138,13 +139,22 @@ def check_bwrap() -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+# A workspace cannot be (or be under) these: system dirs bound read-only, our own mounts.
+RESERVED_DIRS = ("/usr", "/etc", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                 "/tests", "/logs", "/tmp", "/run", "/home/agent")
+
+
+def check_workdir(workdir: str) -> None:
+    path = posixpath.normpath(workdir) if workdir.startswith("/") else ""
+    if path in ("", "/") or any(path == d or path.startswith(d + "/") for d in RESERVED_DIRS):
+        raise ValueError(f"task workdir must be an absolute, non-system path, not {workdir!r}")
+
+
 class Sandbox:
     """One episode's sandbox. Use `start()` once, `run()` per command, `close()` at the end."""
 
     def __init__(self, config: SandboxConfig, workdir: str = "/app"):
-        if not workdir.startswith("/") or workdir.rstrip("/") in ("", "/usr", "/etc", "/proc", "/dev",
-                                                                  "/tests", "/logs", "/tmp", "/run"):
-            raise ValueError(f"task workdir must be an absolute, non-system path, not {workdir!r}")
+        check_workdir(workdir)
         self.config = config
         self.workdir = workdir
         self.turn = 0

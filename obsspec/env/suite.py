@@ -161,7 +161,11 @@ async def validate_all(tasks: list[Task], config: SandboxConfig, workers: int, d
             v = _validation_from(task, done[key])
         else:
             async with gate:
-                v = await validate_task(task, config, determinism)
+                try:
+                    v = await validate_task(task, config, determinism)
+                except Exception as e:  # this task's fault (e.g. a workdir the sandbox refuses):
+                    # dropped with the reason; raised, it left its siblings hanging mid-start
+                    v = Validation(task, problem=f"could not be run: {type(e).__name__}: {e}")
             if sink is not None and not _infra_failed(v):
                 sink.write(json.dumps(_validation_to(key, v), sort_keys=True) + "\n")
                 sink.flush()

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import reprlib
 import types
 import typing
 from dataclasses import dataclass
@@ -72,6 +74,9 @@ class Recipe:
                                           "(`obsspec train-worldmodel`, and co-training).")
 
     def __post_init__(self) -> None:
+        if self.name in ("", ".", "..") or "/" in self.name or "\0" in self.name:
+            raise ValueError(f"name must be one word of a directory name (it names run directories), "
+                             f"got {self.name!r}")
         # Cross-section checks: each names the keys to change.
         if self.policy.model == "tiny" and self.policy.max_context > self.kit.max_length:
             raise ValueError(f"policy.max_context ({self.policy.max_context}) exceeds the tiny "
@@ -115,16 +120,46 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> Recipe:
         if not p.is_file():
             raise ConfigError(f"{where}: recipe file not found")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
             raise ConfigError(f"{where}: YAML syntax error{at}: {getattr(e, 'problem', e)}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{where}: not UTF-8 text (byte {e.start})") from None
+        except RecursionError:
+            raise ConfigError(f"{where}: nested too deeply to be a recipe") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: a recipe must be a mapping of keys, not {type(data).__name__}")
     for item in overrides:
         _apply_override(data, item, where)
     return build(Recipe, data, where, "")
+
+
+_REPR = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 2, 4, 4, 4
+_REPR.maxstring = _REPR.maxother = 60
+
+
+def _short(value: Any) -> str:
+    """A value for an error message (an aliased YAML value can expand to hundreds of MB)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML keeps the last silently,
+    so `sandbox.timeout_s: 5` written twice would quietly be the other value)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def _apply_override(data: dict, item: str, where: str) -> None:
@@ -185,7 +220,7 @@ def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: '{key}' must be a list, got {value!r}")
+            raise ConfigError(f"{where}: '{key}' must be a list, got {_short(value)}")
         inner = typing.get_args(tp)[0]
         return tuple(_coerce(inner, v, where, key) for v in value)
     if tp is bool:
@@ -195,13 +230,18 @@ def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None:
+            if not math.isfinite(number):  # nan passes every `< 0` check after this
+                raise ConfigError(f"{where}: '{key}' must be a finite number, got {value!r}")
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -209,7 +249,7 @@ def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
             return str(value)
     else:
         return value
-    raise ConfigError(f"{where}: '{key}' must be {tp.__name__}, got {value!r}")
+    raise ConfigError(f"{where}: '{key}' must be {tp.__name__}, got {_short(value)}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,11 @@ def test_reset_override_restores_default(tmp_path):
     ("", ["sandbox.timeout_s=-1"], "sandbox.timeout_s must be positive"),
     ("", ["nonsense"], "expected key=value"),
     ("", ["tasks.num_instances=many"], "'tasks.num_instances' must be int"),
+    # found by an adversarial review: nan passed every range check; a repeated key was silent
+    ("", ["policy.temperature=nan"], "'policy.temperature' must be a finite number"),
+    ("", ["sandbox.timeout_s=inf"], "'sandbox.timeout_s' must be a finite number"),
+    ("sandbox:\n  timeout_s: 5\n  timeout_s: 30\n", [], "key 'timeout_s' appears twice"),
+    ("", ["name=x/../../../tmp/escaped"], "name must be one word of a directory name"),
 ])
 def test_mistakes_are_one_clear_line_naming_file_and_key(tmp_path, text, overrides, message):
     p = tmp_path / "bad.yaml"
@@ -93,3 +98,19 @@ def test_cross_section_mistakes_are_one_line_naming_the_keys(override, words):
 def test_a_hub_policy_is_not_held_to_the_tiny_models_positions():
     r = load_recipe(None, ["policy.model=Qwen/Qwen3-8B", "policy.max_context=32768"])
     assert r.policy.max_context == 32768
+
+
+def test_hostile_recipe_files_are_one_short_line(tmp_path):
+    """An alias bomb of 576 bytes made a 580 MB error message; non-UTF-8 bytes and deep nesting
+    were tracebacks (adversarial review)."""
+    levels = ["  - &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"  - &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 7)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("name:\n" + "\n".join(levels) + "\n")  # a list of 10 million x's, as a name
+    for path, text, message in ((bomb, None, "'name' must be str"), (tmp_path / "latin1.yaml", b"name: caf\xe9\n", "not UTF-8"),
+                                (tmp_path / "deep.yaml", "[" * 20000, "")):
+        if text is not None:
+            path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            load_recipe(path, [])
+        assert message in str(e.value) and len(str(e.value)) < 400, str(e.value)[:200]

@@ -52,6 +52,11 @@ def test_reset_override_restores_default(tmp_path):
     ("", ["sandbox.timeout_s=inf"], "'sandbox.timeout_s' must be a finite number"),
     ("sandbox:\n  timeout_s: 5\n  timeout_s: 30\n", [], "key 'timeout_s' appears twice"),
     ("", ["name=x/../../../tmp/escaped"], "name must be one word of a directory name"),
+    ("", ["policy.max_turns=0"], "policy.max_turns must be >= 1"),
+    ("", ["policy.top_p=-3"], "policy.top_p in (0, 1]"),
+    ("", ["rollout.concurrency=-4"], "rollout.concurrency must be >= 0"),
+    ("", ["sandbox.hostname="], "sandbox.hostname must be a host name"),
+    ("", ["sandbox.turn_seconds=-100"], "sandbox.turn_seconds must be >= 0"),
 ])
 def test_mistakes_are_one_clear_line_naming_file_and_key(tmp_path, text, overrides, message):
     p = tmp_path / "bad.yaml"

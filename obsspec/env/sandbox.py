@@ -35,6 +35,7 @@ import asyncio
 import math
 import os
 import posixpath
+import re
 import secrets
 import shutil
 import signal
@@ -94,6 +95,10 @@ class SandboxConfig:
                      "workspace_mb", "tmp_mb", "home_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"sandbox.{name} must be positive")
+        if self.clock_start < 0 or self.turn_seconds < 0:
+            raise ValueError("sandbox.clock_start and sandbox.turn_seconds must be >= 0")
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62})", self.hostname):
+            raise ValueError(f"sandbox.hostname must be a host name (letters, digits, '-'), got {self.hostname!r}")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,12 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         check_engine("policy", self.engine, self.server_url)
+        for name in ("max_batch_size", "max_new_tokens", "max_context", "max_turns"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"policy.{name} must be >= 1 (got {getattr(self, name)})")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"policy.temperature must be >= 0 and policy.top_p in (0, 1] "
+                             f"(got {self.temperature}, {self.top_p})")
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ class WorldModelConfig:
 
     def __post_init__(self) -> None:
         check_engine("world_model", self.engine, self.server_url)
+        if self.max_tokens < 1 or self.temperature < 0:
+            raise ValueError("world_model.max_tokens must be >= 1 and world_model.temperature >= 0")
         if not 64 <= self.snapshot_tokens <= 32768:
             raise ValueError(f"world_model.snapshot_tokens must be between 64 and 32768 "
                              f"(got {self.snapshot_tokens})")
@@ -88,6 +96,8 @@ class RolloutConfig:
         for name in ("depth", "breadth", "num_tasks", "group_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1 (got {getattr(self, name)})")
+        if self.concurrency < 0:
+            raise ValueError(f"rollout.concurrency must be >= 0 (0 = all; got {self.concurrency})")
         if self.split not in ("train", "val"):
             raise ValueError("rollout.split must be train or val")
 

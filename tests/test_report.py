@@ -118,7 +118,7 @@ def test_bad_run_directories_are_one_clear_error(tmp_path):
     with pytest.raises(ReportError, match="'step' and 'spec/exact_frac'"):
         load_run(str(tmp_path / "t"))
     (tmp_path / "t" / "metrics.jsonl").write_text('{"step": 0,\n')
-    with pytest.raises(ReportError, match="metrics.jsonl:1: not JSON"):
+    with pytest.raises(ReportError, match="metrics.jsonl:1: not a JSON line"):
         load_run(str(tmp_path / "t"))
 
 
@@ -176,3 +176,18 @@ def test_the_browser_check_catches_a_broken_page(tmp_path):
     import matplotlib.image
 
     assert (matplotlib.image.imread(shot)[..., :3].min(axis=-1) < 0.9).mean() < 0.05  # nearly blank
+
+
+def test_a_line_cut_short_by_a_crash_is_dropped_and_other_bad_lines_are_one_line(tmp_path):
+    """A run killed while appending to metrics.jsonl could never be resumed or reported; a line
+    that is valid JSON but not an object was a traceback (adversarial review)."""
+    from obsspec.jsonl import read_jsonl
+
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "rew')
+    assert read_jsonl(str(p)) == [{"step": 1}, {"step": 2}]
+    for text, message in (('{"step": 1}\n{"st\n{"step": 3}\n', ":2: not a JSON line"), ("[1]\n", ":1: not a JSON object"),
+                          (b'{"a": "caf\xe9"}\n{}\n', ":1: not a JSON line")):
+        p.write_bytes(text) if isinstance(text, bytes) else p.write_text(text)
+        with pytest.raises(ReportError, match=message):
+            read_jsonl(str(p), ReportError)

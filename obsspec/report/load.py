@@ -19,6 +19,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from obsspec.jsonl import read_jsonl
 from obsspec.sim.workload import command_class
 
 
@@ -27,15 +28,7 @@ class ReportError(ValueError):
 
 
 def _jsonl(path: str) -> list[dict]:
-    rows = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ReportError(f"{path}:{n}: not JSON ({e.msg})") from None
-    return rows
+    return read_jsonl(path, ReportError)
 
 
 @dataclass

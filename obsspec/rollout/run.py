@@ -21,6 +21,7 @@ import statistics
 from obsspec.config import Recipe
 from obsspec.env.suite import load_tasks, prepare_tasks, spread
 from obsspec.env.task import Task
+from obsspec.jsonl import read_jsonl
 from obsspec.rollout.events import EventBus, JsonlTrace
 from obsspec.rollout.metrics import SpecMetrics, export_chrome_trace
 from obsspec.rollout.predictors import HistoryCache, NoPredictor, Oracle, WorldModelPredictor
@@ -224,11 +225,12 @@ def _load_replay(run_dir: str) -> tuple[list[Task], list[dict]]:
     else:
         raise RolloutError(f"{run_dir}: not a rollout run directory (no episodes.jsonl and "
                            "trajectories-*.jsonl)")
-    with open(eps) as f:
-        tasks = [Task.from_dict(json.loads(line)["task"]) for line in f if line.strip()]
-    with open(path) as f:
-        recorded = [json.loads(line) for line in f if line.strip()]
-    return tasks, recorded
+    rows = read_jsonl(eps, RolloutError)
+    try:
+        tasks = [Task.from_dict(row["task"]) for row in rows]
+    except (KeyError, ValueError) as e:
+        raise RolloutError(f"{eps}: not the episodes of a rollout run ({type(e).__name__}: {e})") from None
+    return tasks, read_jsonl(path, RolloutError)
 
 
 def _merge_traces(out_dir: str, modes: list[str]) -> None:

@@ -25,6 +25,7 @@ import os
 from transformers import TrainerCallback
 
 from obsspec.config import Recipe
+from obsspec.jsonl import read_jsonl
 from obsspec.env.suite import interleave, load_tasks, spread
 from obsspec.rollout.config import sampling
 from obsspec.rollout.predictors import WithHistory
@@ -264,8 +265,9 @@ def _kind_thirds(rows: list[dict], third: int) -> dict:
 def _read_metrics(path: str) -> list[dict]:
     if not os.path.exists(path):
         return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    from obsspec.training.grpo import TrainError
+
+    return read_jsonl(path, TrainError)
 
 
 def _truncate_metrics(path: str, step: int) -> None:

@@ -1,0 +1,31 @@
+"""Reading the JSONL files a run appends to (metrics, episodes, trajectories).
+
+    rows = read_jsonl(path, ReportError)     # each row a dict; a bad line raises ReportError
+
+A run killed while appending leaves its last line cut short (no newline at the end): that line
+is dropped, so the run can still be resumed or reported. Any other line that is not a JSON
+object is an error naming the file and line, of the caller's error class (one line for the CLI).
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def read_jsonl(path: str, error: type[Exception] = ValueError) -> list[dict]:
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    rows = []
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except ValueError as e:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+            if n == len(lines):  # the last line, with no newline after it: cut short by a crash
+                continue
+            raise error(f"{path}:{n}: not a JSON line ({e})") from None
+        if not isinstance(row, dict):
+            raise error(f"{path}:{n}: not a JSON object")
+        rows.append(row)
+    return rows

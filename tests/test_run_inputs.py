@@ -25,3 +25,25 @@ def test_the_engine_the_recipe_names_is_the_engine_used(tmp_path):
     engine, tokenizer = make_engine(recipe.policy, str(tmp_path))
     assert isinstance(engine, VLLMEngine) and engine.base_url == "http://127.0.0.1:9"
     assert engine.model == str(tmp_path) and tokenizer.encode("ls") == train_tokenizer(TEXTS, 300).encode("ls")
+
+
+def test_the_recipes_own_suite_must_match_its_tasks_settings(tmp_path):
+    """RUN_DIR/tasks prepared from other tasks.* settings was used silently (adversarial review)."""
+    import asyncio
+    import json
+
+    from obsspec.env.suite import suite_settings
+    from obsspec.rollout.run import ensure_tasks
+    from obsspec.ui.display import NullDisplay
+
+    recipe = load_recipe("recipes/tiny-cpu.yaml", [f"run_dir={tmp_path}"])
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "trajectories.jsonl").write_text("")
+    manifest = tmp_path / "tasks" / "manifest.json"
+    manifest.write_text(json.dumps({"tasks": suite_settings(recipe.tasks)}))
+    assert asyncio.run(ensure_tasks(recipe, NullDisplay())) == str(tmp_path / "tasks")
+    manifest.write_text(json.dumps({"tasks": {**suite_settings(recipe.tasks), "num_instances": 7}}))
+    with pytest.raises(RolloutError, match="other settings of tasks.num_instances"):
+        asyncio.run(ensure_tasks(recipe, NullDisplay()))
+    named = load_recipe("recipes/tiny-cpu.yaml", [f"rollout.tasks_dir={tmp_path / 'tasks'}"])
+    assert asyncio.run(ensure_tasks(named, NullDisplay())) == str(tmp_path / "tasks"), "a suite named is the user's choice"

@@ -203,6 +203,13 @@ def _validation_from(task: Task, d: dict) -> Validation:
     return Validation(task, problem=d["problem"], differing=d["differing"], **recs)
 
 
+def suite_settings(cfg: TasksConfig) -> dict:
+    """The tasks section that decides what a suite holds (how many workers built it does not)."""
+    from obsspec.config import to_dict
+
+    return {k: v for k, v in to_dict(cfg).items() if k != "workers"}
+
+
 def _load_checkpoint(path: str) -> dict[str, dict]:
     if not path or not os.path.exists(path):
         return {}
@@ -260,7 +267,7 @@ async def prepare_tasks(recipe: Recipe, out_dir: str, display: Display) -> dict:
     })
     families = Counter(t.family for t in train + val)
     manifest = {
-        "seed": cfg.seed, "counts": {"train": len(train), "val": len(val), "dropped": len(dropped)},
+        "tasks": suite_settings(cfg), "seed": cfg.seed, "counts": {"train": len(train), "val": len(val), "dropped": len(dropped)},
         "families": dict(sorted(families.items())),
         "dropped": dropped, "skipped_imports": skipped_imports,
         "sha256": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in files.items()},

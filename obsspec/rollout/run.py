@@ -19,7 +19,7 @@ import os
 import statistics
 
 from obsspec.config import Recipe
-from obsspec.env.suite import load_tasks, prepare_tasks, spread
+from obsspec.env.suite import load_tasks, prepare_tasks, spread, suite_settings
 from obsspec.env.task import Task
 from obsspec.jsonl import read_jsonl
 from obsspec.rollout.events import EventBus, JsonlTrace
@@ -47,6 +47,17 @@ async def ensure_tasks(recipe: Recipe, display: Display) -> str:
     if not os.path.exists(os.path.join(tasks_dir, "trajectories.jsonl")):
         display.log(f"no prepared task suite at {tasks_dir}: preparing it now")
         await prepare_tasks(recipe, tasks_dir, display)
+    elif not recipe.rollout.tasks_dir:
+        # RUN_DIR/tasks is the recipe's own suite: one prepared from other tasks.* settings (another
+        # recipe's, or before an override) would be used silently while recipe.json says otherwise
+        manifest = os.path.join(tasks_dir, "manifest.json")
+        built = json.load(open(manifest)).get("tasks") if os.path.exists(manifest) else None
+        want = suite_settings(recipe.tasks)
+        if built is not None and built != want:
+            keys = sorted(k for k in set(built) | set(want) if built.get(k) != want.get(k))
+            raise RolloutError(f"{tasks_dir} was prepared with other settings of tasks.{', tasks.'.join(keys)}: "
+                               f"prepare it again (obsspec prepare-tasks RECIPE --out {tasks_dir}), or name a "
+                               "suite with rollout.tasks_dir")
     return tasks_dir
 
 

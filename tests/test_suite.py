@@ -126,3 +126,14 @@ def test_a_hand_written_suite_line_of_the_wrong_shape_is_one_line_naming_it(tmp_
     r = cli("shell", good["task_id"], "--tasks", str(path), "-c", "ls")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "not a task: task field 'max_turns'" in lines[0], r.stderr
+
+
+def test_garbled_lines_of_suite_files_are_one_line_errors_or_skipped(tmp_path):
+    """Non-UTF-8 bytes and JSON lines that are not objects were tracebacks (adversarial review)."""
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(b'{"task_id": "caf\xe9"}\n')
+    with pytest.raises(suite.SuiteError, match="t.jsonl:1: not a task"):
+        suite.load_tasks(str(p))
+    cp = tmp_path / "validation.partial.jsonl"
+    cp.write_bytes(b'[1, 2]\n"str"\n\xff\n{"key": "k"}\n')
+    assert list(suite._load_checkpoint(str(cp))) == ["k"]

@@ -350,3 +350,13 @@ def test_rollout_refuses_a_missing_adapter_before_any_work(tmp_path):
                                       "--out", str(tmp_path / "r"), "--display", "none"])
     assert result.exit_code == 2 and "adapter" in result.output
     assert not (tmp_path / "r").exists()
+
+
+def test_a_source_line_that_is_not_a_trajectory_is_one_line(tmp_path):
+    """`"str"` or non-UTF-8 lines in an --eval-on source were tracebacks (adversarial review)."""
+    from obsspec.worldmodel import data
+
+    for text in (b'"str"\n', b'{"a": "caf\xe9"}\n'):
+        (tmp_path / "x.jsonl").write_bytes(text)
+        with pytest.raises(data.DataError, match="x.jsonl:1: neither a reference trajectory"):
+            data._read(str(tmp_path / "x.jsonl"))

@@ -214,13 +214,13 @@ def _load_checkpoint(path: str) -> dict[str, dict]:
     if not path or not os.path.exists(path):
         return {}
     done = {}
-    with open(path) as f:
+    with open(path, "rb") as f:
         for line in f:
             try:
-                d = json.loads(line)
+                d = json.loads(line.decode("utf-8"))
                 done[d["key"]] = d
-            except (json.JSONDecodeError, KeyError):
-                continue  # a line cut short by the crash we are resuming from
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by the crash we are resuming from (or garbled)
     return done
 
 
@@ -309,12 +309,12 @@ def load_tasks(path: str) -> list[Task]:
         raise TaskNotFound(f"{path}: no train.jsonl/val.jsonl here (run `obsspec prepare-tasks` first)")
     tasks = []
     for p in paths:
-        with open(p) as f:
+        with open(p, "rb") as f:
             for number, line in enumerate(f, 1):
                 if line.strip():
                     try:
-                        tasks.append(Task.from_dict(json.loads(line)))
-                    except ValueError as e:  # json's errors are ValueErrors too
+                        tasks.append(Task.from_dict(json.loads(line.decode("utf-8"))))
+                    except ValueError as e:  # json's and utf-8's errors are ValueErrors too
                         raise SuiteError(f"{p}:{number}: not a task: {e}") from None
     return tasks
 

@@ -83,18 +83,18 @@ def load_episodes(paths: list[str] | tuple[str, ...]) -> list[Episode]:
 
 def _read(file: str) -> list[Episode]:
     out = []
-    with open(file) as f:
+    with open(file, "rb") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.decode("utf-8"))
                 if "steps" in row and "instruction" in row:
                     out.append(Episode(row["task_id"], file, reference=row))
                 else:
                     tr = Trajectory.from_dict(row)
                     out.append(Episode(tr.task_id, file, trajectory=tr))
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+            except (ValueError, KeyError, TypeError, AttributeError) as e:  # (a "str" line, bad types)
                 raise DataError(f"{file}:{n}: neither a reference trajectory nor a rollout "
                                 f"trajectory ({type(e).__name__}: {e})") from None
     return out

@@ -125,3 +125,8 @@ def test_prepare_tasks_from_takes_the_folder_name_as_given(tmp_path):
     (tmp_path / "16").mkdir()
     r = cli("prepare-tasks", "--from", "0x10", "--no-builtin", "--out", "out", cwd=tmp_path)
     assert r.returncode == 2 and "0x10" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_sandbox_that_cannot_start_is_one_line_in_the_shell(tmp_path):
+    r = cli("shell", "dir-stats-00000", "-c", "ls", "--set", "sandbox.memory_mb=1", "--out", str(tmp_path))
+    assert r.returncode == 2 and "the sandbox failed" in r.stderr and "Traceback" not in r.stderr, r.stderr[-500:]

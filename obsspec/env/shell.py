@@ -12,8 +12,8 @@ from typing import Callable, Iterable
 
 from obsspec import chat
 from obsspec.env.episode import observation, start_sandbox
-from obsspec.env.sandbox import SandboxConfig
-from obsspec.env.suite import load_tasks, task_by_id, TaskNotFound
+from obsspec.env.sandbox import SandboxConfig, SandboxError
+from obsspec.env.suite import SuiteError, TaskNotFound, load_tasks, task_by_id
 from obsspec.env.task import Task
 
 
@@ -66,4 +66,7 @@ def run_shell(task: Task, config: SandboxConfig, commands: list[str] | None, ver
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    return asyncio.run(shell_session(task, config, commands, emit, verify))
+    try:
+        return asyncio.run(shell_session(task, config, commands, emit, verify))
+    except SandboxError as e:  # e.g. limits it cannot start under: one line, not a traceback
+        raise SuiteError(f"{task.task_id}: the sandbox failed: {e}") from None

@@ -47,3 +47,14 @@ def test_the_recipes_own_suite_must_match_its_tasks_settings(tmp_path):
         asyncio.run(ensure_tasks(recipe, NullDisplay()))
     named = load_recipe("recipes/tiny-cpu.yaml", [f"rollout.tasks_dir={tmp_path / 'tasks'}"])
     assert asyncio.run(ensure_tasks(named, NullDisplay())) == str(tmp_path / "tasks"), "a suite named is the user's choice"
+
+
+def test_a_model_folder_that_is_not_there_fails_before_the_kit_is_built(tmp_path):
+    """`policy.model=/nonexistent` failed only after the tiny kit's minutes-long build (the world
+    model was still tiny): adversarial review."""
+    from obsspec.rollout.run import model_paths
+    from obsspec.ui.display import NullDisplay
+
+    recipe = load_recipe("recipes/tiny-cpu.yaml", [f"policy.model={tmp_path / 'nope'}", f"run_dir={tmp_path}"])
+    with pytest.raises(RolloutError, match="policy.model: no model folder at"):
+        model_paths(recipe, NullDisplay())

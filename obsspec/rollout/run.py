@@ -75,6 +75,10 @@ async def episode_tasks(recipe: Recipe, display: Display) -> list[Task]:
 def model_paths(recipe: Recipe, display: Display) -> tuple[str, str]:
     """Policy and world-model locations; builds the tiny kit when either is 'tiny'."""
     policy, wm = recipe.policy.model, recipe.world_model.model
+    for section, name in (("policy", policy), ("world_model", wm)):
+        # a local folder that is not there fails now, not after minutes of kit build
+        if name.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(name)):
+            raise RolloutError(f"{section}.model: no model folder at {name}")
     if "tiny" in (policy, wm):
         from obsspec.models.kit import kit_for
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from obsspec.env.episode import verify_task
 from obsspec.env.harbor import HarborImportError, import_harbor
 from obsspec.env.sandbox import Sandbox, SandboxConfig
 
@@ -201,7 +202,7 @@ async def episode(task, commands):
     async with Sandbox(FAST, workdir=task.workdir) as sandbox:
         await sandbox.start(files=task.files, setup=task.setup)
         codes = [(await sandbox.run(c)).exit_code for c in commands]
-        return codes, await sandbox.verify(task.verify, task.verify_files, reward_file=task.reward_file)
+        return codes, await verify_task(sandbox, task)
 
 
 @needs_bwrap

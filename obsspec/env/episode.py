@@ -59,6 +59,11 @@ async def start_sandbox(task: Task, config: SandboxConfig) -> Sandbox:
     return sandbox
 
 
+async def verify_task(sandbox: Sandbox, task: Task) -> float:
+    """The task's verifier, judged the way the task reports (exit status, or Harbor's reward file)."""
+    return await sandbox.verify(task.verify, task.verify_files, reward_file=task.reward_file)
+
+
 async def run_scripted(task: Task, commands: list[str], config: SandboxConfig,
                        verify: bool = True) -> EpisodeRecord:
     """Run `commands` in a fresh sandbox for `task`, then its verifier. Never raises for a
@@ -74,8 +79,7 @@ async def run_scripted(task: Task, commands: list[str], config: SandboxConfig,
         for command in commands:
             result = await sandbox.run(command)
             steps.append(Step(command, observation(result, config), result.exit_code, result.seconds))
-        reward = await sandbox.verify(task.verify, task.verify_files,
-                                      reward_file=task.reward_file) if verify else None
+        reward = await verify_task(sandbox, task) if verify else None
         return EpisodeRecord(task.task_id, steps, reward)
     except SandboxError as e:
         return EpisodeRecord(task.task_id, steps, None, str(e))

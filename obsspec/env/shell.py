@@ -11,7 +11,7 @@ import sys
 from typing import Callable, Iterable
 
 from obsspec import chat
-from obsspec.env.episode import observation, start_sandbox
+from obsspec.env.episode import observation, start_sandbox, verify_task
 from obsspec.env.sandbox import SandboxConfig, SandboxError
 from obsspec.env.suite import SuiteError, TaskNotFound, load_tasks, task_by_id
 from obsspec.env.task import Task
@@ -39,8 +39,7 @@ async def shell_session(task: Task, config: SandboxConfig, commands: Iterable[st
             result = await sandbox.run(command)
             exit_codes.append(result.exit_code)
             emit(chat.wrap_observation(observation(result, config)) + "\n")
-        reward = await sandbox.verify(task.verify, task.verify_files,
-                                      reward_file=task.reward_file) if verify else None
+        reward = await verify_task(sandbox, task) if verify else None
         if reward is not None:
             emit(f"# verifier reward: {reward:g}\n")
         return {"task_id": task.task_id, "commands": len(exit_codes), "exit_codes": exit_codes,

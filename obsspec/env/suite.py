@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from obsspec.config import Recipe, TasksConfig
+from obsspec.config import Recipe, TasksConfig, to_dict
 from obsspec.env.episode import EpisodeRecord, run_scripted
 from obsspec.env.families import all_families
 from obsspec.env.sandbox import SandboxConfig, preflight
@@ -181,8 +181,6 @@ async def validate_all(tasks: list[Task], config: SandboxConfig, workers: int, d
 
 
 def _checkpoint_key(task: Task, config: SandboxConfig, determinism: bool) -> str:
-    from obsspec.config import to_dict
-
     blob = json.dumps([task.to_dict(), to_dict(config), determinism], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -205,8 +203,6 @@ def _validation_from(task: Task, d: dict) -> Validation:
 
 def suite_settings(cfg: TasksConfig) -> dict:
     """The tasks section that decides what a suite holds (how many workers built it does not)."""
-    from obsspec.config import to_dict
-
     return {k: v for k, v in to_dict(cfg).items() if k != "workers"}
 
 

@@ -51,7 +51,10 @@ async def ensure_tasks(recipe: Recipe, display: Display) -> str:
         # RUN_DIR/tasks is the recipe's own suite: one prepared from other tasks.* settings (another
         # recipe's, or before an override) would be used silently while recipe.json says otherwise
         manifest = os.path.join(tasks_dir, "manifest.json")
-        built = json.load(open(manifest)).get("tasks") if os.path.exists(manifest) else None
+        built = None
+        if os.path.exists(manifest):
+            with open(manifest) as f:
+                built = json.load(f).get("tasks")
         want = suite_settings(recipe.tasks)
         if built is not None and built != want:
             keys = sorted(k for k in set(built) | set(want) if built.get(k) != want.get(k))

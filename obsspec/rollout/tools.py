@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from obsspec.fields import doc
-from obsspec.env.episode import observation, start_sandbox
+from obsspec.env.episode import observation, start_sandbox, verify_task
 from obsspec.env.sandbox import Sandbox, SandboxConfig
 from obsspec.env.task import Task
 
@@ -74,8 +74,7 @@ class SandboxTool:
         return ToolResult(observation(result, self.config), result.exit_code, result.seconds + extra)
 
     async def reward(self) -> float | None:
-        return await self.sandbox.verify(self.task.verify, self.task.verify_files,
-                                         reward_file=self.task.reward_file)
+        return await verify_task(self.sandbox, self.task)
 
     async def close(self) -> None:
         if self.sandbox is not None:

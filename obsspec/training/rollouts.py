@@ -193,7 +193,7 @@ class Rollouts:
             # An observation after the policy's last token (the episode ran out of turns or
             # context) trains nothing, and one command can make it ~4 tokens a character of the
             # output cap: it is not sent (a 17k-token row against a 2k context was seen).
-            end = p + 1 + max((i for i, m in enumerate(tr.policy_mask[p:]) if m), default=len(tr.ids) - p - 1)
+            end = 1 + max((i for i, m in enumerate(tr.policy_mask) if m), default=len(tr.ids) - 1)
             ids, lps, mask = tr.ids[p:end], tr.logprobs[p:end], tr.policy_mask[p:end]
             if not ids or ids[-1] != eos:
                 ids, lps, mask = ids + [eos], lps + [0.0], mask + [0]

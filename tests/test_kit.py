@@ -27,7 +27,7 @@ from obsspec.models.config import KitConfig, TinyModelConfig
 from obsspec.models.evaluate import (evaluate_world_model, reference_cases, rollout_tasks,
                                      success_metrics, trajectory_cases)
 from obsspec.rollout.scheduler import Sampling
-from obsspec.models.tokenizer import CALL_TAGS, SPECIAL, TOOL_TAGS, corpus_texts, train_tokenizer
+from obsspec.models.tokenizer import CALL_TAGS, SPECIAL, TOOL_TAGS, corpus_texts, listing_atoms, train_tokenizer
 from obsspec.tokens import ChatFormat
 from obsspec.ui.display import NullDisplay
 
@@ -135,6 +135,46 @@ def test_tokenizer_is_deterministic(tmp_path):
     train_tokenizer(texts[:3], vocab_size=512).save_pretrained(tmp_path / "c")
     other = (tmp_path / "c" / "tokenizer.json").read_bytes()
     assert other != (tmp_path / "a" / "tokenizer.json").read_bytes()
+
+
+def listing_rows(n: int) -> list[dict]:
+    """Reference rows whose first observation is an `ls -l data` listing (with a padded size column)."""
+    rows = []
+    for i in range(n):
+        sizes = [5 + i, 120 + 7 * i, 1000 + i]
+        lines = [f"-rw-r--r-- 1 agent agent {s:>4} Jan  1 00:00 file{k}.log" for k, s in enumerate(sizes)]
+        lines.append("drwxr-xr-x 2 agent agent   40 Jan  1 00:00 sub")
+        row = trajectory(i)
+        row["steps"][0] = {"command": "ls -l data", "exit_code": 0,
+                           "observation": f"total {12 + i}\n" + "\n".join(lines) + "\n\n(exit_code=0)"}
+        rows.append(row)
+    return rows
+
+
+def test_listing_fields_become_single_tokens():
+    """Every line of a listing repeats its mode, link count + owners and date: one token each, so
+    the world model copies ~11 tokens a line instead of ~34 (bench/listing_copy.py)."""
+    rows = listing_rows(4)
+    texts = corpus_texts(rows)
+    # Most frequent first (the date is on all 16 lines); 12 file lines but only 4 directory lines:
+    # under MIN_LISTING_LINES the directory's fields stay pieces.
+    assert listing_atoms(texts) == [" Jan  1 00:00 ", "-rw-r--r--", " 1 agent agent "]
+    tok = train_tokenizer(texts, vocab_size=512)
+    assert tok.convert_tokens_to_ids([*SPECIAL, *TOOL_TAGS, *CALL_TAGS]) == list(range(13))
+    assert tok.convert_tokens_to_ids(listing_atoms(texts)) == [13, 14, 15]
+    line = "-rw-r--r-- 1 agent agent  389 Jan  1 00:00 backup.log"
+    ids = tok.encode(line, add_special_tokens=False)
+    assert ids[:2] == [14, 15] and 13 in ids and tok.decode(ids) == line
+    # two atoms, the pad, three digits, the date, then the name's own tokens
+    assert len(ids) == 7 + len(tok.encode("backup.log")), tok.convert_ids_to_tokens(ids)
+    # The atoms are ordinary added tokens: skipping special tokens keeps them.
+    assert tok.decode(ids, skip_special_tokens=True) == line
+    # Names keep their ids inside a listing line, as everywhere else.
+    name = tok.encode("backup", add_special_tokens=False)
+    assert any(ids[i:i + len(name)] == name for i in range(len(ids)))
+    # A corpus without listings has none, and a date or owner outside a listing is no atom.
+    assert listing_atoms(corpus_texts(ROWS)) == []
+    assert listing_atoms(["x 1 agent agent 5 Jan  1 00:00 y\n" * 20]) == []
 
 
 # ---------------------------------------------------------------------------- SFT examples

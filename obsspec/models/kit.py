@@ -41,7 +41,7 @@ from obsspec.models.config import KitConfig
 from obsspec.rollout.scheduler import Sampling
 from obsspec.ui.display import Display, NullDisplay
 
-KIT_FORMAT = 2  # bump when the layout or the training recipe changes, to invalidate old kits
+KIT_FORMAT = 3  # bump when the layout or the training recipe changes, to invalidate old kits (3: listing atoms)
 SNAPSHOT_FORMAT = 2  # the snapshot's text (2: the sandbox's `ls -lR`); part of the key when on
 TRAJECTORIES = "trajectories.jsonl"
 TRAIN_TASKS = "train.jsonl"

@@ -14,6 +14,12 @@
   special (as in Qwen3), so `decode(..., skip_special_tokens=True)` keeps them. Ids 0..6, in
   that order; then the call markup (`<function=bash>`, `<parameter=command>`, `</parameter>`,
   ...), atomic and not special either, ids 7..12.
+- Listing fields (`listing_atoms`): the parts of an `ls -l` line that repeat on every line of a
+  listing in this corpus — the mode (`-rw-r--r--`), the link count with owner and group
+  (` 1 agent agent `), the date (` Jan  1 00:00 `) — are atomic tokens too, ids 13.. . A listing
+  line is then ~11 tokens instead of ~34, and the name of the line before (the only clue to which
+  line of a listing comes next) sits ~7 tokens back: with them the tiny world model learns to
+  copy a listing from its workspace snapshot, without them it does not (bench/listing_copy.py).
 - A Qwen3-like `chat_template` (system/user/assistant/tool messages) whose text for a trajectory
   is exactly the layout of obsspec/tokens.py.
 - Deterministic: the same texts give a byte-identical `tokenizer.json`.
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -40,7 +47,12 @@ CALL_TAGS = ("<function=bash>", "<function=done>", "<parameter=command>", "<para
 # Pieces: a word (letters only), one digit, one punctuation mark, a run of newlines, a run of
 # other whitespace. Nothing joins a word to what precedes it, so a name keeps its ids.
 SPLIT = r"\p{L}+|\p{N}|[^\s\p{L}\p{N}]|[\r\n]+|[^\S\r\n]+"
-_ATOMIC = re.compile("|".join(re.escape(t) for t in (*SPECIAL, *TOOL_TAGS, *CALL_TAGS)))
+# A GNU `ls -l` line: mode, then (padded) link count, owner and group, then the size, then the
+# date ("Jan  1 00:00", or "Jan  1  2024" for an old file), then the name.
+LS_LINE = re.compile(r"^([-dlbcps][-rwxsStT]{9})( +\d+ \S+ +\S+ ) *\d+( \w{3} [ \d]\d (?: \d{4}|\d\d:\d\d) )\S",
+                     re.MULTILINE)
+MAX_LISTING_ATOMS = 24
+MIN_LISTING_LINES = 8  # a field must start (or sit in) this many listing lines of the corpus
 
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -73,8 +85,22 @@ def corpus_texts(trajectories: Iterable[dict]) -> list[str]:
     return texts
 
 
+def listing_atoms(texts: Iterable[str]) -> list[str]:
+    """The `ls -l` fields seen on at least MIN_LISTING_LINES lines of `texts`, most frequent first
+    (ties in text order), at most MAX_LISTING_ATOMS: [] for a corpus without listings."""
+    counts: Counter[str] = Counter()
+    for text in texts:
+        for line in LS_LINE.finditer(text):
+            counts.update(line.groups())
+    common = [f for f, n in counts.most_common() if n >= MIN_LISTING_LINES]
+    return common[:MAX_LISTING_ATOMS]
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:
     """Train the BPE on `texts` (in order) and wrap it as a transformers tokenizer."""
+    texts = list(texts)
+    atomic = [*SPECIAL, *TOOL_TAGS, *CALL_TAGS, *listing_atoms(texts)]
+    cut = re.compile("|".join(re.escape(t) for t in sorted(atomic, key=len, reverse=True)))
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),
@@ -83,13 +109,14 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedT
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, min_frequency=2, show_progress=False,
-        special_tokens=[*SPECIAL, *TOOL_TAGS, *CALL_TAGS],  # ids 0..12
+        special_tokens=atomic,  # ids 0..12, then the listing atoms
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     # The atomic tokens are cut out of the training text so that no merge is spent on their pieces.
-    pieces = (piece for text in texts for piece in _ATOMIC.split(text) if piece)
+    pieces = (piece for text in texts for piece in cut.split(text) if piece)
     tok.train_from_iterator(pieces, trainer)
-    # The trainer registers all of them as special; the tool tags are ordinary added tokens.
+    # The trainer registers all of them as special; only SPECIAL are (tags and atoms are ordinary
+    # added tokens, kept by `decode(..., skip_special_tokens=True)`).
     spec = json.loads(tok.to_str())
     for added in spec["added_tokens"]:
         added["special"] = added["content"] in SPECIAL

@@ -76,6 +76,9 @@ def exact(model, tok, held) -> float:
 
 def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed: int) -> dict:
     tok = AutoTokenizer.from_pretrained(KitPaths.under(kit).tokenizer)
+    if arm == "plain" and any(len(tok.encode(a, add_special_tokens=False)) == 1 for a in ATOMS):
+        raise SystemExit(f"{kit}: its tokenizer already has listing atoms (kit format 3); "
+                         "the plain arm needs a kit built before them")
     if arm == "atoms":
         tok.add_tokens([AddedToken(a, normalized=False) for a in ATOMS])
     rng = random.Random(seed)

@@ -10,6 +10,10 @@ writes them). Prints JSON; with --out also writes it (and the model beside it).
     PYTHONPATH=$PWD .venv/bin/python bench/worldmodel_base.py --kit KIT --tasks TASKS \
         --snapshot-tokens 256 --rollouts VAL.warm.trajectories.jsonl \
         kit.world_model.max_steps=1000 kit.world_model.epochs=100 [kit.world_model.num_layers=4 ...]
+
+--listing-copy N also mixes N synthetic listing-copy examples (bench/listing_copy.py: a snapshot
+of a random data/ folder, the call `ls -l data`, its listing as target) into the training rows:
+does the copy skill the probe learns carry over to the suite's real `ls` steps?
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=40, help="val reference trajectories judged")
     p.add_argument("--draft-tokens", type=int, default=320, help="draft cap (longer: unusable)")
     p.add_argument("--recipe", default="recipes/tiny-cpu.yaml")
+    p.add_argument("--listing-copy", type=int, default=0, help="synthetic listing-copy examples mixed in")
     p.add_argument("--out", default="", help="write the JSON here (and the model to OUT.model)")
     p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. kit.world_model.max_steps=1000")
     args = p.parse_args()
@@ -68,6 +73,14 @@ def main() -> None:
     kit_rollouts = read_trajectory_file(paths.rollouts) if os.path.exists(paths.rollouts) else []
     train_ex += warmstart.trajectory_examples(
         kit_rollouts, length, [snapshots[t.task_id] for t in kit_rollouts] if snapshots else None)
+    if args.listing_copy:
+        import random
+
+        from bench.listing_copy import example
+        rng = random.Random(cfg.seed)
+        for _ in range(args.listing_copy):
+            prompt, target, _body = example(tokenizer, rng)
+            train_ex.append({"input_ids": prompt + target, "completion_mask": [0] * len(prompt) + [1] * len(target)})
     model = tiny.build_model(cfg.world_model, tokenizer, length, cfg.seed)
     stats = warmstart.train(model, tokenizer, train_ex, val_ex, cfg.world_model,
                             os.path.join(os.path.dirname(args.out or ".") or ".", ".wm-trainer"), cfg.seed)

@@ -377,6 +377,24 @@ def test_cotraining_rows_carry_the_workspace_snapshot_the_predictor_uses(fmt, tm
     assert firsts[True]["completion_mask"][3:] == firsts[False]["completion_mask"]
 
 
+def test_a_step_with_no_observation_to_learn_trains_no_version_and_says_so(fmt, tmp_path):
+    """Every call of the step malformed: no rows, no job, the adapter in use stays, one log line."""
+    from obsspec.training.cotrain import CoTrainer
+
+    recipe = load_recipe("recipes/tiny-cpu.yaml", ["train.cotrain_every=1"])
+    display = _Recorder()
+    co = CoTrainer(recipe, "unused", None, _Predictor(), str(tmp_path), display)
+    started = []
+    co.start = lambda step, rows_path: started.append(step)
+    silent = Trajectory.start(0, "t0", fmt.prompt_ids("How many files are in /app/data?"))
+    silent.append_action([fmt.tokenizer.eos_token_id], [-0.1])
+    co.after_rollouts(StepRollouts(4, [silent], {}))
+    assert started == [] and co.version is None
+    assert display.lines == ["world model: step 4 has no observation to train on; the adapter in use stays the one loaded"]
+    co.after_rollouts(StepRollouts(5, [episode(fmt, 0, 1.0)], {}))
+    assert started == [5] and len(display.lines) == 1
+
+
 def test_cotraining_continues_from_the_adapter_the_run_started_with(tmp_path):
     """world_model.adapter: the first co-trained version continues from the user's adapter (not
     a fresh one on the base); later versions continue from the version in use."""

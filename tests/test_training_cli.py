@@ -33,7 +33,8 @@ def common(root) -> list[str]:
             "train.learning_rate=1e-2", "train.warmup_steps=0", "train.cotrain_every=1",
             "train.save_steps=1", "train.save_total_limit=5",
             "train.eval_tasks=2", "train.eval_group_size=2", "train.report_to=none", "train.families=[]",
-            "wm_train.max_length=1024", "wm_train.batch_size=2", *MICRO, "policy.temperature=0.3"]
+            "wm_train.max_length=1024", "wm_train.batch_size=2", *MICRO, "policy.temperature=0.3",
+            "kit.policy.epochs=80"]
 
 
 @pytest.fixture(scope="module")

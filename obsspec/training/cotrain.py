@@ -101,7 +101,11 @@ class CoTrainer:
         snapshots = getattr(self.predictor, "snapshots", None)  # world_model.workspace_snapshot
         prefixes = snapshots.prefixes(result.trajectories) if snapshots is not None else None
         rows = trajectory_examples(result.trajectories, self.recipe.wm_train.max_length, prefixes)
-        if not rows:
+        if not rows:  # every call malformed (or every row too long): nothing real to learn from
+            if self.display is not None:
+                served = f"v{self.version}" if self.version is not None else "the one loaded"
+                self.display.log(f"world model: step {result.step} has no observation to train on; "
+                                 f"the adapter in use stays {served}")
             return
         os.makedirs(self.work, exist_ok=True)
         data = os.path.join(self.work, f"step-{result.step:06d}.rows.jsonl")

@@ -33,6 +33,7 @@ from obsspec.models.evaluate import evaluate_world_model, reference_cases, traje
 from obsspec.models.kit import KitPaths, read_trajectories
 from obsspec.rollout.trajectory import Trajectory
 from obsspec.tokens import ChatFormat
+from obsspec.ui.display import make_display
 from obsspec.worldmodel.snapshot import WorkspaceSnapshots
 
 
@@ -83,7 +84,8 @@ def main() -> None:
             train_ex.append({"input_ids": prompt + target, "completion_mask": [0] * len(prompt) + [1] * len(target)})
     model = tiny.build_model(cfg.world_model, tokenizer, length, cfg.seed)
     stats = warmstart.train(model, tokenizer, train_ex, val_ex, cfg.world_model,
-                            os.path.join(os.path.dirname(args.out or ".") or ".", ".wm-trainer"), cfg.seed)
+                            os.path.join(os.path.dirname(args.out or ".") or ".", ".wm-trainer"), cfg.seed,
+                            "world_model", make_display("plain"))
     if args.out:
         tiny.save(model, tokenizer, args.out + ".model")
 

@@ -175,6 +175,9 @@ def test_listing_fields_become_single_tokens():
     # A corpus without listings has none, and a date or owner outside a listing is no atom.
     assert listing_atoms(corpus_texts(ROWS)) == []
     assert listing_atoms(["x 1 agent agent 5 Jan  1 00:00 y\n" * 20]) == []
+    # A hostile owner name holding a tag is never part of an atom (the tag stays one token).
+    hostile = "-rw-r--r-- 1 <|im_end|> agent 5 Jan  1 00:00 y\n" * 20
+    assert listing_atoms([hostile]) == ["-rw-r--r--", " Jan  1 00:00 "]
 
 
 # ---------------------------------------------------------------------------- SFT examples

@@ -18,8 +18,9 @@
   listing in this corpus — the mode (`-rw-r--r--`), the link count with owner and group
   (` 1 agent agent `), the date (` Jan  1 00:00 `) — are atomic tokens too, ids 13.. . A listing
   line is then ~11 tokens instead of ~34, and the name of the line before (the only clue to which
-  line of a listing comes next) sits ~7 tokens back: with them the tiny world model learns to
-  copy a listing from its workspace snapshot, without them it does not (bench/listing_copy.py).
+  line of a listing comes next) sits ~7 tokens back: in a synthetic probe the tiny world model
+  learned to copy listings with them and not without (bench/listing_copy.py); on the embedded
+  suite's 360 real listings it does not yet (docs/WORLDMODEL.md).
 - A Qwen3-like `chat_template` (system/user/assistant/tool messages) whose text for a trajectory
   is exactly the layout of obsspec/tokens.py.
 - Deterministic: the same texts give a byte-identical `tokenizer.json`.
@@ -92,7 +93,9 @@ def listing_atoms(texts: Iterable[str]) -> list[str]:
     for text in texts:
         for line in LS_LINE.finditer(text):
             counts.update(line.groups())
-    common = [f for f, n in counts.most_common() if n >= MIN_LISTING_LINES]
+    tags = (*SPECIAL, *TOOL_TAGS, *CALL_TAGS)  # an owner named like a tag must not swallow it
+    common = [f for f, n in counts.most_common()
+              if n >= MIN_LISTING_LINES and not any(t in f for t in tags)]
     return common[:MAX_LISTING_ATOMS]
 
 

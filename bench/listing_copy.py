@@ -2,7 +2,7 @@
 With the kit's tokenizer as it is (the baseline) and with a few listing fields as single tokens.
 
     PYTHONPATH=$PWD nice -n 10 .venv/bin/python bench/listing_copy.py --kit KIT \
-        [--steps 5000] [--arms plain,atoms] [--out result.json] [--plot curve.png]
+        [--steps 5000] [--arms plain,atoms] [--out result.json] [--plot curve.png] [--save DIR]
 
 A probe of the model alone, no sandbox: synthetic examples of the task the tiny base fails on
 (docs/WORLDMODEL.md) — a system turn holding `ls -lR` of /app (3-9 files in data/, names from
@@ -74,7 +74,7 @@ def exact(model, tok, held) -> float:
     return hits / len(held)
 
 
-def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed: int) -> dict:
+def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed: int, save: str = "") -> dict:
     tok = AutoTokenizer.from_pretrained(KitPaths.under(kit).tokenizer)
     if arm == "plain" and any(len(tok.encode(a, add_special_tokens=False)) == 1 for a in ATOMS):
         raise SystemExit(f"{kit}: its tokenizer already has listing atoms (kit format 3); "
@@ -109,6 +109,8 @@ def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed
                      "exact": exact(model, tok, held), "sec": round(time.monotonic() - t0)}
             curve.append(point)
             print(json.dumps(point), flush=True)
+    if save:  # the model and its tokenizer (atoms included), e.g. to continue on real rows
+        tiny.save(model, tok, os.path.join(save, arm))
     return {"tokens_per_example": sum(len(p) + len(t) for p, t, _ in train[:100]) / 100,
             "parameters": tiny.count_parameters(model), "curve": curve}
 
@@ -125,11 +127,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="")
     p.add_argument("--plot", default="")
+    p.add_argument("--save", default="", help="save each arm's model to SAVE/ARM")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     shape = load_recipe(args.recipe).kit.world_model
     result = {"args": vars(args), "shape": shape.__dict__,
-              "arms": {arm: train_arm(arm, args.kit, shape, args.steps, args.every, args.lr, args.seed)
+              "arms": {arm: train_arm(arm, args.kit, shape, args.steps, args.every, args.lr, args.seed,
+                                        args.save)
                        for arm in args.arms.split(",")}}
     final = {arm: r["curve"][-1]["exact"] for arm, r in result["arms"].items()}
     result["final_exact"] = final

@@ -52,13 +52,15 @@ def main() -> None:
     p.add_argument("--draft-tokens", type=int, default=320, help="draft cap (longer: unusable)")
     p.add_argument("--recipe", default="recipes/tiny-cpu.yaml")
     p.add_argument("--listing-copy", type=int, default=0, help="synthetic listing-copy examples mixed in")
+    p.add_argument("--init", default="", help="continue from this model folder (and its tokenizer), "
+                                              "e.g. listing_copy.py --save DIR's DIR/atoms")
     p.add_argument("--out", default="", help="write the JSON here (and the model to OUT.model)")
     p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. kit.world_model.max_steps=1000")
     args = p.parse_args()
 
     recipe = load_recipe(args.recipe, args.overrides)
     paths = KitPaths.under(args.kit)
-    tokenizer = AutoTokenizer.from_pretrained(paths.tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(args.init or paths.tokenizer)
     fmt = ChatFormat(tokenizer)
     rows = [r for r in read_trajectories(args.tasks) if r.get("reward") == 1.0]
     train_rows = [r for r in rows if r["split"] == "train"]
@@ -82,7 +84,12 @@ def main() -> None:
         for _ in range(args.listing_copy):
             prompt, target, _body = example(tokenizer, rng)
             train_ex.append({"input_ids": prompt + target, "completion_mask": [0] * len(prompt) + [1] * len(target)})
-    model = tiny.build_model(cfg.world_model, tokenizer, length, cfg.seed)
+    if args.init:
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(args.init)
+        model.config.max_position_embeddings = length  # RoPE: no weights tied to the limit
+    else:
+        model = tiny.build_model(cfg.world_model, tokenizer, length, cfg.seed)
     stats = warmstart.train(model, tokenizer, train_ex, val_ex, cfg.world_model,
                             os.path.join(os.path.dirname(args.out or ".") or ".", ".wm-trainer"), cfg.seed,
                             "world_model", make_display("plain"))

@@ -53,11 +53,16 @@ def listing(rng: random.Random) -> tuple[str, int]:
     return "\n".join(lines) + "\n", len(names)
 
 
+def snapshot_text(block: str, n: int) -> str:
+    """The world model's workspace snapshot of /app holding only data/ with this listing."""
+    return (f"{IM_START}system\n<workspace>\n/app before the first command:\n$ ls -lR\n.:\ntotal 0\n"
+            f"drwxr-xr-x 2 agent agent {40 + 20 * n} Jan  1 00:00 data\n\n./data:\n{block}</workspace>{IM_END}\n")
+
+
 def example(tok, rng: random.Random) -> tuple[list[int], list[int], str]:
     """(prompt ids, target ids, the body a hit must equal)."""
     block, n = listing(rng)
-    snapshot = (f"{IM_START}system\n<workspace>\n/app before the first command:\n$ ls -lR\n.:\ntotal 0\n"
-                f"drwxr-xr-x 2 agent agent {40 + 20 * n} Jan  1 00:00 data\n\n./data:\n{block}</workspace>{IM_END}\n")
+    snapshot = snapshot_text(block, n)
     prompt = snapshot + f"{IM_START}assistant\n" + chat.render_bash("ls -l data") + IM_END + OBS_PREFIX
     body = block + "\n(exit_code=0)"
     return tok.encode(prompt), tok.encode(body + chat.OBS_CLOSE), body

@@ -52,6 +52,9 @@ def main() -> None:
     p.add_argument("--draft-tokens", type=int, default=320, help="draft cap (longer: unusable)")
     p.add_argument("--recipe", default="recipes/tiny-cpu.yaml")
     p.add_argument("--listing-copy", type=int, default=0, help="synthetic listing-copy examples mixed in")
+    p.add_argument("--listing-layout", type=int, default=0,
+                   help="synthetic listing copies laid out as real rows: a train task's prompt, "
+                        "a snapshot of a random data/, `ls -l data` and its listing as target")
     p.add_argument("--init", default="", help="continue from this model folder (and its tokenizer), "
                                               "e.g. listing_copy.py --save DIR's DIR/atoms")
     p.add_argument("--out", default="", help="write the JSON here (and the model to OUT.model)")
@@ -84,6 +87,18 @@ def main() -> None:
         for _ in range(args.listing_copy):
             prompt, target, _body = example(tokenizer, rng)
             train_ex.append({"input_ids": prompt + target, "completion_mask": [0] * len(prompt) + [1] * len(target)})
+    if args.listing_layout:
+        import random
+
+        from bench.listing_copy import listing, snapshot_text
+        from obsspec.tokens import transcript, wm_row
+        rng = random.Random(cfg.seed + 1)
+        for i in range(args.listing_layout):
+            block, n = listing(rng)
+            t = transcript(fmt, train_rows[i % len(train_rows)]["instruction"],
+                           [("ls -l data", block + "\n(exit_code=0)")], done=False)
+            train_ex.append(wm_row(tokenizer.encode(snapshot_text(block, n), add_special_tokens=False),
+                                   t.ids, t.wm_mask))
     if args.init:
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(args.init)

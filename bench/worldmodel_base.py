@@ -22,9 +22,11 @@ import argparse
 import asyncio
 import json
 import os
+import random
 
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bench.listing_copy import example, listing, snapshot_text
 from obsspec.config import load_recipe
 from obsspec.engines.hf import HFEngine
 from obsspec.env.suite import load_tasks, spread
@@ -32,7 +34,7 @@ from obsspec.models import tiny, warmstart
 from obsspec.models.evaluate import evaluate_world_model, reference_cases, trajectory_cases
 from obsspec.models.kit import KitPaths, read_trajectories
 from obsspec.rollout.trajectory import Trajectory
-from obsspec.tokens import ChatFormat
+from obsspec.tokens import ChatFormat, transcript, wm_row
 from obsspec.ui.display import make_display
 from obsspec.worldmodel.snapshot import WorkspaceSnapshots
 
@@ -80,18 +82,11 @@ def main() -> None:
     train_ex += warmstart.trajectory_examples(
         kit_rollouts, length, [snapshots[t.task_id] for t in kit_rollouts] if snapshots else None)
     if args.listing_copy:
-        import random
-
-        from bench.listing_copy import example
         rng = random.Random(cfg.seed)
         for _ in range(args.listing_copy):
             prompt, target, _body = example(tokenizer, rng)
             train_ex.append({"input_ids": prompt + target, "completion_mask": [0] * len(prompt) + [1] * len(target)})
     if args.listing_layout:
-        import random
-
-        from bench.listing_copy import listing, snapshot_text
-        from obsspec.tokens import transcript, wm_row
         rng = random.Random(cfg.seed + 1)
         for i in range(args.listing_layout):
             block, n = listing(rng)
@@ -100,7 +95,6 @@ def main() -> None:
             train_ex.append(wm_row(tokenizer.encode(snapshot_text(block, n), add_special_tokens=False),
                                    t.ids, t.wm_mask))
     if args.init:
-        from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(args.init)
         model.config.max_position_embeddings = length  # RoPE: no weights tied to the limit
     else:

@@ -45,6 +45,7 @@ TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>
 # then spends its capacity on the command, not on spelling the XML around it.
 CALL_TAGS = ("<function=bash>", "<function=done>", "<parameter=command>", "<parameter=timeout>",
              "</parameter>", "</function>")
+TAGS = (*SPECIAL, *TOOL_TAGS, *CALL_TAGS)  # ids 0..12, in this order
 # Pieces: a word (letters only), one digit, one punctuation mark, a run of newlines, a run of
 # other whitespace. Nothing joins a word to what precedes it, so a name keeps its ids.
 SPLIT = r"\p{L}+|\p{N}|[^\s\p{L}\p{N}]|[\r\n]+|[^\S\r\n]+"
@@ -93,16 +94,16 @@ def listing_atoms(texts: Iterable[str]) -> list[str]:
     for text in texts:
         for line in LS_LINE.finditer(text):
             counts.update(line.groups())
-    tags = (*SPECIAL, *TOOL_TAGS, *CALL_TAGS)  # an owner named like a tag must not swallow it
+    # (an owner named like a tag must not swallow it)
     common = [f for f, n in counts.most_common()
-              if n >= MIN_LISTING_LINES and not any(t in f for t in tags)]
+              if n >= MIN_LISTING_LINES and not any(t in f for t in TAGS)]
     return common[:MAX_LISTING_ATOMS]
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:
     """Train the BPE on `texts` (in order) and wrap it as a transformers tokenizer."""
     texts = list(texts)
-    atomic = [*SPECIAL, *TOOL_TAGS, *CALL_TAGS, *listing_atoms(texts)]
+    atomic = [*TAGS, *listing_atoms(texts)]
     cut = re.compile("|".join(re.escape(t) for t in sorted(atomic, key=len, reverse=True)))
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([

@@ -27,10 +27,6 @@ class ReportError(ValueError):
     """The run directory is missing or not a run (one line, no traceback)."""
 
 
-def _jsonl(path: str) -> list[dict]:
-    return read_jsonl(path, ReportError)
-
-
 @dataclass
 class Parts:
     """One episode's latency, split: `generation + tool + blocked + other = latency` (the
@@ -179,9 +175,9 @@ def _load_rollout(run_dir: str) -> RunData:
     for mode in ("sequential", "speculative"):
         tp, jp = os.path.join(run_dir, f"trace-{mode}.jsonl"), os.path.join(run_dir, f"trajectories-{mode}.jsonl")
         if os.path.exists(tp):
-            run.traces[mode] = _jsonl(tp)
+            run.traces[mode] = read_jsonl(tp, ReportError)
         if os.path.exists(jp):
-            run.trajectories[mode] = _jsonl(jp)
+            run.trajectories[mode] = read_jsonl(jp, ReportError)
     if os.path.exists(os.path.join(run_dir, "summary.json")):
         with open(os.path.join(run_dir, "summary.json")) as f:
             run.summary = json.load(f)
@@ -193,7 +189,8 @@ def load_run(run_dir: str) -> RunData:
         raise ReportError(f"{run_dir}: no such run directory")
     metrics = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(metrics):
-        run = RunData(run_dir, "training", steps=sorted(_jsonl(metrics), key=lambda r: r.get("step", 0)))
+        steps = sorted(read_jsonl(metrics, ReportError), key=lambda r: r.get("step", 0))
+        run = RunData(run_dir, "training", steps=steps)
         bad = [r for r in run.steps if "step" not in r or "spec/exact_frac" not in r]
         if bad or not run.steps:
             raise ReportError(f"{metrics}: every line needs 'step' and 'spec/exact_frac' (see docs/REPORT.md)")

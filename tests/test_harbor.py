@@ -47,8 +47,9 @@ def test_valid_fixtures_import_in_name_order_with_nothing_skipped():
     assert report.skipped == []
     assert [t.task_id for t in report.tasks] == [
         "harbor-count-words", "harbor-hello-file", "harbor-sum-scores"]
-    assert report.timeouts == {"harbor-count-words": 120.0, "harbor-hello-file": 60.0,
-                               "harbor-sum-scores": 30.0}
+    # [verifier] timeout_sec is the verifier's time limit
+    assert {t.task_id: t.verify_timeout_s for t in report.tasks} == {
+        "harbor-count-words": 120.0, "harbor-hello-file": 60.0, "harbor-sum-scores": 30.0}
 
 
 def test_task_without_environment_maps_every_field():
@@ -221,3 +222,51 @@ def test_reward_json_partial_credit_reaches_the_sandbox():
     task = tasks_by_id()["harbor-sum-scores"]
     assert asyncio.run(episode(task, ["echo 7 > sum.txt"]))[1] == 0.5
     assert asyncio.run(episode(task, []))[1] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# what Docker would have kept: the verifier's time limit and executable files
+
+
+@needs_bwrap
+def test_the_verifiers_timeout_sec_is_its_time_limit(tmp_path):
+    # FAST gives a verifier 4 x 10 s by default: a 12 s limit cuts a 20 s test, a 60 s one does not
+    slow = "sleep 20; test -f /app/done\n"
+    short = import_harbor(make_task(tmp_path, "short", **{"task.toml": "[verifier]\ntimeout_sec = 12\n",
+                                    "tests/test.sh": slow})).tasks[0]
+    assert short.verify_timeout_s == 12.0
+    assert asyncio.run(episode(short, ["touch done"]))[1] == 0.0, "a 12 s verifier ran past its limit"
+    quick = import_harbor(make_task(tmp_path, "quick", **{"task.toml": "[verifier]\ntimeout_sec = 60\n",
+                                    "tests/test.sh": "sleep 1; test -f /app/done\n"})).tasks[0]
+    assert asyncio.run(episode(quick, ["touch done"]))[1] == 1.0
+
+
+@needs_bwrap
+def test_a_verifier_may_run_longer_than_the_sandboxs_default(tmp_path):
+    tight = SandboxConfig(timeout_s=1, memory_mb=1024, max_procs=64)  # default limit: 4 s
+    task = import_harbor(make_task(tmp_path, "long", **{"task.toml": "[verifier]\ntimeout_sec = 30\n",
+                                   "tests/test.sh": "sleep 6; test -f /app/done\n"})).tasks[0]
+
+    async def run():
+        async with Sandbox(tight, workdir=task.workdir) as sandbox:
+            await sandbox.start(files=task.files, setup=task.setup)
+            await sandbox.run("touch done")
+            return await verify_task(sandbox, task)
+
+    assert asyncio.run(run()) == 1.0, "the task's timeout_sec was not applied (the 4 s default cut it)"
+
+
+@needs_bwrap
+def test_executable_files_stay_executable(tmp_path):
+    folder = make_task(tmp_path, "modes", **{
+        "tests/test.sh": "/tests/check.sh\n", "tests/check.sh": "#!/bin/bash\ntest \"$(cat /app/out)\" = ran\n",
+        "environment/setup.sh": "", "environment/bin/run.sh": "#!/bin/bash\necho ran\n",
+        "environment/notes.txt": "plain\n"})
+    (folder / "tests/check.sh").chmod(0o755)
+    (folder / "environment/bin/run.sh").chmod(0o755)
+    task = import_harbor(folder).tasks[0]
+    codes, reward = asyncio.run(episode(task, ["./bin/run.sh > out", "test -x notes.txt"]))
+    assert codes == [0, 1], "bin/run.sh must be executable in the workspace, notes.txt not"
+    assert reward == 1.0, "test.sh could not execute /tests/check.sh directly"
+    plain = import_harbor(make_task(tmp_path, "plain")).tasks[0]
+    assert "chmod" not in plain.verify and plain.setup == "", "nothing executable, nothing added"

@@ -96,6 +96,21 @@ def test_prepare_fails_fast_when_sandboxes_cannot_start(tmp_path, monkeypatch):
         asyncio.run(suite.prepare_tasks(recipe, str(tmp_path / "out"), NullDisplay()))
 
 
+def test_a_verifier_time_limit_is_kept_and_absent_when_unset():
+    """Tasks without their own verifier limit write what they wrote before the field existed (their
+    suites and content hashes unchanged); one with it keeps it through JSON."""
+    import dataclasses
+
+    from obsspec.env.suite import builtin_task
+    from obsspec.env.task import Task
+
+    task = builtin_task("dir-stats", 1)
+    assert "verify_timeout_s" not in task.to_dict()
+    timed = dataclasses.replace(task, verify_timeout_s=90.0)
+    assert timed.to_dict()["verify_timeout_s"] == 90.0 and timed.content_hash() != task.content_hash()
+    assert Task.from_dict(json.loads(json.dumps({**task.to_dict(), "verify_timeout_s": 90}))) == timed
+
+
 def test_a_hand_written_suite_line_of_the_wrong_shape_is_one_line_naming_it(tmp_path):
     """Bad input in a suite file stops loading with the file, the line and the field, before
     anything runs (a string `max_turns` used to load, a number `kind` to fail later in a sort)."""
@@ -109,6 +124,9 @@ def test_a_hand_written_suite_line_of_the_wrong_shape_is_one_line_naming_it(tmp_
         '{"solution": "ls"}': "task field 'solution' must be a list of strings",
         '{"files": {"a.txt": 1}}': "task field 'files' must be an object of strings",
         '{"surprise": 1}': "unknown task fields: ['surprise']",
+        '{"verify_timeout_s": -1}': "task field 'verify_timeout_s' must be a number of seconds >= 0",
+        '{"verify_timeout_s": NaN}': "task field 'verify_timeout_s' must be a number of seconds >= 0",
+        '{"verify_timeout_s": true}': "task field 'verify_timeout_s' must be a number of seconds >= 0",
     }
     for patch, message in cases.items():
         path = tmp_path / "train.jsonl"

@@ -61,7 +61,8 @@ async def start_sandbox(task: Task, config: SandboxConfig) -> Sandbox:
 
 async def verify_task(sandbox: Sandbox, task: Task) -> float:
     """The task's verifier, judged the way the task reports (exit status, or Harbor's reward file)."""
-    return await sandbox.verify(task.verify, task.verify_files, reward_file=task.reward_file)
+    return await sandbox.verify(task.verify, task.verify_files, task.verify_timeout_s or None,
+                                reward_file=task.reward_file)
 
 
 async def run_scripted(task: Task, commands: list[str], config: SandboxConfig,

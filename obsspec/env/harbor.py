@@ -16,6 +16,7 @@ How a Harbor task folder maps onto a `Task`:
       solution/solve.sh        ->     solution=[<solve.sh>]  (one multi-line command; [] if none),
       tests/test.sh, tests/*   ->     verify="cd <workdir> && bash /tests/test.sh; ...",
                                       verify_files={"test.sh": ..., "expected_total": ...},
+      [verifier] timeout_sec   ->     verify_timeout_s=<it>  (else the sandbox's default),
                                       source="harbor:/abs/path/count-words")
 
 Decisions:
@@ -29,7 +30,10 @@ Decisions:
   test.sh and `[solution] env` at the top of the solution command.
 - Tasks hold text: a binary or non-UTF-8 file, a symlink leaving the folder, over 5 MB of files,
   or a solve.sh that needs other files of solution/ (not mounted here) skips the task.
-- `[verifier] timeout_sec` has no Task field: it is returned in `ImportReport.timeouts`. Other
+- File modes: tasks hold text, not modes, so a file that is executable in the task folder gets
+  `chmod +x` at the top of setup (environment/) or of the verify script (tests/): a test.sh that
+  runs `/tests/helper.sh` directly, or an instruction that says `./run.sh`, works as in Docker.
+- `[verifier] timeout_sec` is the verifier's time limit (`Task.verify_timeout_s`). Other
   settings (agent timeout, cpus, memory, internet, build timeout) are ignored.
 - A malformed task folder never raises: it becomes a `skipped` entry with a one-line reason.
   `HarborImportError` means the path itself is wrong (missing, or holds no task folder at all).
@@ -82,8 +86,6 @@ class ImportReport:
     tasks: list[Task] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """(folder name, one-line reason) for every task folder that could not be imported."""
-    timeouts: dict[str, float] = field(default_factory=dict)
-    """task_id -> the task's `[verifier] timeout_sec`, where task.toml sets one."""
 
 
 class _Skip(Exception):
@@ -107,7 +109,7 @@ def import_harbor(path: str | os.PathLike) -> ImportReport:
     report, owner = ImportReport(), {}
     for folder in folders:
         try:
-            task, timeout = _import_task(folder)
+            task = _import_task(folder)
             if task.task_id in owner:  # two names can sanitise to the same id
                 raise _Skip(f"task id {task.task_id!r} is already taken by {owner[task.task_id]}")
         except _Skip as e:
@@ -115,12 +117,10 @@ def import_harbor(path: str | os.PathLike) -> ImportReport:
             continue
         owner[task.task_id] = folder.name
         report.tasks.append(task)
-        if timeout is not None:
-            report.timeouts[task.task_id] = timeout
     return report
 
 
-def _import_task(folder: Path) -> tuple[Task, float | None]:
+def _import_task(folder: Path) -> Task:
     folder = folder.resolve()
     for rel, what in [("task.toml", "its configuration"), ("instruction.md", "the prompt"),
                       ("tests/test.sh", "the verifier entry point")]:
@@ -144,14 +144,13 @@ def _import_task(folder: Path) -> tuple[Task, float | None]:
     if timeout is not None and not (type(timeout) in (int, float) and timeout > 0):
         raise _Skip(f"task.toml: verifier.timeout_sec must be a positive number, not {timeout!r}")
     files, setup, workdir = _environment(folder, _table(config, "environment"))
-    task = Task(
+    return Task(
         task_id=f"harbor-{slug}", family=f"harbor:{_slug(category) or 'uncategorised'}",
         instruction=instruction, solution=_solution(folder, _env(config, "solution")),
-        verify=_verify_script(workdir, _env(config, "verifier")),
+        verify=_verify_script(workdir, _env(config, "verifier"), _executable(folder, "tests")),
         verify_files=_tree(folder, "tests"), files=files, setup=setup, workdir=workdir,
-        source=f"harbor:{folder}",
+        source=f"harbor:{folder}", verify_timeout_s=0.0 if timeout is None else float(timeout),
     )
-    return task, None if timeout is None else float(timeout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,7 +175,9 @@ def _environment(folder: Path, config: dict) -> tuple[dict[str, str], str, str]:
     workdir = DEFAULT_WORKDIR
     if "Dockerfile" in docker:
         workdir = _dockerfile_workdir(_text(folder, "environment/Dockerfile"))
-    return _tree(folder, "environment", exclude=NOT_COPIED), setup, workdir
+    # setup runs in the workspace, where these files are, before anything of setup.sh
+    executable = [rel for rel in _executable(folder, "environment") if rel not in NOT_COPIED]
+    return _tree(folder, "environment", exclude=NOT_COPIED), _chmod(executable) + setup, workdir
 
 
 def _dockerfile_workdir(text: str) -> str:
@@ -212,9 +213,14 @@ def _solution(folder: Path, env: dict[str, str]) -> list[str]:
     return [_exports(env) + script]
 
 
-def _verify_script(workdir: str, env: dict[str, str]) -> str:
-    return (f"{_exports(env)}cd {shlex.quote(workdir)} || exit 1\nbash /tests/test.sh\n"
+def _verify_script(workdir: str, env: dict[str, str], executable: list[str]) -> str:
+    chmod = _chmod([f"/tests/{rel}" for rel in executable])
+    return (f"{_exports(env)}{chmod}cd {shlex.quote(workdir)} || exit 1\nbash /tests/test.sh\n"
             f"status=$?\n{REWARD_JSON_TO_TXT}exit $status\n")
+
+
+def _chmod(paths: list[str]) -> str:
+    return f"chmod +x -- {' '.join(shlex.quote(p) for p in paths)}\n" if paths else ""
 
 
 def _env(config: dict, section: str) -> dict[str, str]:
@@ -287,6 +293,11 @@ def _names(base: Path) -> list[str]:
     for dirpath, _, filenames in os.walk(base, onerror=_unreadable):
         found += [os.path.relpath(os.path.join(dirpath, n), base) for n in filenames]
     return sorted(found)
+
+
+def _executable(folder: Path, sub: str) -> list[str]:
+    """Paths (relative to sub) of the files under folder/sub that someone may execute."""
+    return [rel for rel in _names(folder / sub) if os.stat(folder / sub / rel).st_mode & 0o111]
 
 
 def _tree(folder: Path, sub: str, exclude: set[str] | tuple = ()) -> dict[str, str]:

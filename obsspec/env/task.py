@@ -10,7 +10,8 @@ Conventions every task follows:
 - `verify` is a bash script run after the episode, in the same sandbox, with `verify_files`
   placed under /tests (invisible to the agent during the episode). The reward is the number the
   script writes to /logs/verifier/reward.txt (Harbor's convention), else 1.0 on exit code 0 and
-  0.0 otherwise. Rewards are clipped to [0, 1].
+  0.0 otherwise. Rewards are clipped to [0, 1]. It may run `verify_timeout_s` seconds (a Harbor
+  task's `[verifier] timeout_sec`; 0 = the sandbox's default, 4 x its command timeout).
 - `solution` is the reference solution: a list of bash commands, one per agent turn.
 - `kind` (optional) names the family's variant of the task (dir-stats: which number is asked);
   training interleaves kinds so every part of a run sees the same mix, and reports success per kind.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 
 
@@ -38,9 +40,13 @@ class Task:
     max_turns: int = 12
     source: str = "builtin"
     kind: str = ""
+    verify_timeout_s: float = 0.0
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not d["verify_timeout_s"]:  # absent when unset: the suites and hashes of tasks without it
+            del d["verify_timeout_s"]  # stay byte for byte what they were
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Task":
@@ -62,6 +68,8 @@ class Task:
                 raise ValueError(f"task field {name!r} must be {_TYPE_NAMES[name]}, got {value!r:.60}")
         d = dict(d)
         d["solution"] = list(d.get("solution", []))
+        if "verify_timeout_s" in d:
+            d["verify_timeout_s"] = float(d["verify_timeout_s"])
         return cls(**d)
 
     @property
@@ -81,7 +89,8 @@ def _is_str_map(v) -> bool:
 
 
 _TYPE_NAMES = {"solution": "a list of strings", "files": "an object of strings",
-               "verify_files": "an object of strings", "max_turns": "a positive integer"}
+               "verify_files": "an object of strings", "max_turns": "a positive integer",
+               "verify_timeout_s": "a number of seconds >= 0"}
 _TYPES = {name: lambda v: isinstance(v, str) for name in
           ("task_id", "family", "instruction", "verify", "setup", "workdir", "source", "kind")}
 _TYPE_NAMES.update({name: "a string" for name in _TYPES})
@@ -89,4 +98,6 @@ _TYPES.update({
     "solution": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
     "files": _is_str_map, "verify_files": _is_str_map,
     "max_turns": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+    "verify_timeout_s": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    and math.isfinite(v) and v >= 0,
 })

@@ -230,12 +230,12 @@ def test_reward_json_partial_credit_reaches_the_sandbox():
 
 @needs_bwrap
 def test_the_verifiers_timeout_sec_is_its_time_limit(tmp_path):
-    # FAST gives a verifier 4 x 10 s by default: a 12 s limit cuts a 20 s test, a 60 s one does not
-    slow = "sleep 20; test -f /app/done\n"
-    short = import_harbor(make_task(tmp_path, "short", **{"task.toml": "[verifier]\ntimeout_sec = 12\n",
+    # FAST gives a verifier 4 x 10 s by default: a 2 s limit cuts a 5 s test, a 60 s one does not
+    slow = "sleep 5; test -f /app/done\n"
+    short = import_harbor(make_task(tmp_path, "short", **{"task.toml": "[verifier]\ntimeout_sec = 2\n",
                                     "tests/test.sh": slow})).tasks[0]
-    assert short.verify_timeout_s == 12.0
-    assert asyncio.run(episode(short, ["touch done"]))[1] == 0.0, "a 12 s verifier ran past its limit"
+    assert short.verify_timeout_s == 2.0
+    assert asyncio.run(episode(short, ["touch done"]))[1] == 0.0, "a 2 s verifier ran past its limit"
     quick = import_harbor(make_task(tmp_path, "quick", **{"task.toml": "[verifier]\ntimeout_sec = 60\n",
                                     "tests/test.sh": "sleep 1; test -f /app/done\n"})).tasks[0]
     assert asyncio.run(episode(quick, ["touch done"]))[1] == 1.0

@@ -175,9 +175,10 @@ def _environment(folder: Path, config: dict) -> tuple[dict[str, str], str, str]:
     workdir = DEFAULT_WORKDIR
     if "Dockerfile" in docker:
         workdir = _dockerfile_workdir(_text(folder, "environment/Dockerfile"))
+    files = _tree(folder, "environment", exclude=NOT_COPIED)
     # setup runs in the workspace, where these files are, before anything of setup.sh
-    executable = [rel for rel in _executable(folder, "environment") if rel not in NOT_COPIED]
-    return _tree(folder, "environment", exclude=NOT_COPIED), _chmod(executable) + setup, workdir
+    executable = [rel for rel in _executable(folder, "environment") if rel in files]
+    return files, _chmod(executable) + setup, workdir
 
 
 def _dockerfile_workdir(text: str) -> str:

@@ -5,17 +5,18 @@ With the kit's tokenizer as it is (the baseline) and with a few listing fields a
         [--steps 5000] [--arms plain,atoms] [--out result.json] [--plot curve.png] [--save DIR]
 
 A probe of the model alone, no sandbox: synthetic examples of the task the tiny base fails on
-(docs/WORLDMODEL.md) — a system turn holding `ls -lR` of /app (3-9 files in data/, names from
-31 words x 5 extensions, sizes of 2-4 digits right-aligned as `ls` pads them, the pinned date),
-the call `ls -l data`, and as target the `./data` block + `\n(exit_code=0)` + the closing tag,
-loss on the target only. Each arm trains the recipe's world-model shape (kit.world_model: 2
-layers, width 128) from the same seed on the same 4,000 examples (AdamW, constant lr after 100
-warm-up steps, batch 8) and is judged every `--every` steps by greedy exact match on 20 held-out
-listings. The `atoms` arm adds `-rw-r--r--`, `drwxr-xr-x`, ` 1 agent agent `, ` 2 agent agent `
-and ` Jan  1 00:00 ` to the tokenizer as single tokens: a listing line shrinks from ~34 tokens
-to ~11, and the name of the previous line (the only clue to which line comes next, since every
-line starts alike) sits ~7 tokens back instead of ~17. Prints one JSON line per evaluation and
-the whole result at the end; `--plot` draws exact match against steps for both arms.
+(docs/WORLDMODEL.md) — a system turn holding `ls -lR` of /app (3-9 files in data/, names from 31
+words x 5 extensions, or with `--names` dir-stats' own or random letters, sizes of 2-4 digits
+right-aligned as `ls` pads them, the pinned date), the call `ls -l data`, and as target the
+`./data` block + `\n(exit_code=0)` + the closing tag, loss on the target only. Each arm trains the
+recipe's world-model shape (kit.world_model: 2 layers, width 128) from the same seed on the same
+4,000 examples (AdamW, constant lr after 100 warm-up steps, batch 8) and is judged every `--every`
+steps by greedy exact match on 20 held-out listings. The `atoms` arm adds `-rw-r--r--`,
+`drwxr-xr-x`, ` 1 agent agent `, ` 2 agent agent ` and ` Jan  1 00:00 ` to the tokenizer as single
+tokens: a listing line shrinks from ~34 tokens to ~11, and the name of the previous line (the only
+clue to which line comes next, since every line starts alike) sits ~7 tokens back instead of ~17.
+Prints one JSON line per evaluation and the whole result at the end; `--plot` draws exact match
+against steps for both arms.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from transformers import AutoTokenizer
 
 from obsspec import chat
 from obsspec.config import load_recipe
+from obsspec.env.families._text_helpers import FILE_STEMS
 from obsspec.models import tiny
 from obsspec.models.kit import KitPaths
 from obsspec.tokens import IM_END, IM_START, OBS_PREFIX
@@ -42,15 +44,33 @@ EXTS = ("txt", "log", "csv", "md", "json")
 ATOMS = ("-rw-r--r--", "drwxr-xr-x", " 1 agent agent ", " 2 agent agent ", " Jan  1 00:00 ")
 
 
-def listing(rng: random.Random) -> tuple[str, int]:
-    """`ls -l data` of a random data/ folder, as the sandbox prints it."""
-    names = sorted({f"{rng.choice(WORDS)}.{rng.choice(EXTS)}" for _ in range(rng.randint(3, 9))})
+def random_stem(rng: random.Random) -> str:
+    """A name no model can have memorised: 3-8 random lowercase letters."""
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 8)))
+
+
+NAMES = ("words", "stems", "random")
+
+
+def file_name(rng: random.Random, names: str) -> str:
+    """`words`: a stem from WORDS and one of EXTS; `stems`: as dir-stats names its files
+    (FILE_STEMS, .log or .txt); `random`: 3-8 random letters and one of EXTS (a memorised
+    name is never right)."""
+    if names == "stems":
+        return f"{rng.choice(FILE_STEMS)}.{rng.choice(['log', 'txt'])}"
+    stem = random_stem(rng) if names == "random" else rng.choice(WORDS)
+    return f"{stem}.{rng.choice(EXTS)}"
+
+
+def listing(rng: random.Random, names: str = "words") -> tuple[str, int]:
+    """`ls -l data` of a random data/ folder, as the sandbox prints it (file names: `file_name`)."""
+    files = sorted({file_name(rng, names) for _ in range(rng.randint(3, 9))})
     sizes = [rng.choice([rng.randint(10, 99), rng.randint(100, 999), rng.randint(100, 999), rng.randint(1000, 4000)])
-             for _ in names]
+             for _ in files]
     width = max(len(str(s)) for s in sizes)
-    lines = [f"total {4 * len(names)}"] + [f"-rw-r--r-- 1 agent agent {str(s).rjust(width)} Jan  1 00:00 {n}"
-                                           for n, s in zip(names, sizes)]
-    return "\n".join(lines) + "\n", len(names)
+    lines = [f"total {4 * len(files)}"] + [f"-rw-r--r-- 1 agent agent {str(s).rjust(width)} Jan  1 00:00 {n}"
+                                           for n, s in zip(files, sizes)]
+    return "\n".join(lines) + "\n", len(files)
 
 
 def snapshot_text(block: str, n: int) -> str:
@@ -59,9 +79,9 @@ def snapshot_text(block: str, n: int) -> str:
             f"drwxr-xr-x 2 agent agent {40 + 20 * n} Jan  1 00:00 data\n\n./data:\n{block}</workspace>{IM_END}\n")
 
 
-def example(tok, rng: random.Random) -> tuple[list[int], list[int], str]:
+def example(tok, rng: random.Random, names: str = "words") -> tuple[list[int], list[int], str]:
     """(prompt ids, target ids, the body a hit must equal)."""
-    block, n = listing(rng)
+    block, n = listing(rng, names)
     snapshot = snapshot_text(block, n)
     prompt = snapshot + f"{IM_START}assistant\n" + chat.render_bash("ls -l data") + IM_END + OBS_PREFIX
     body = block + "\n(exit_code=0)"
@@ -79,7 +99,8 @@ def exact(model, tok, held) -> float:
     return hits / len(held)
 
 
-def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed: int, save: str = "") -> dict:
+def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed: int, save: str = "",
+              names: str = "words") -> dict:
     tok = AutoTokenizer.from_pretrained(KitPaths.under(kit).tokenizer)
     if arm == "plain" and any(len(tok.encode(a, add_special_tokens=False)) == 1 for a in ATOMS):
         raise SystemExit(f"{kit}: its tokenizer already has listing atoms (kit format 3); "
@@ -87,8 +108,8 @@ def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed
     if arm == "atoms":
         tok.add_tokens([AddedToken(a, normalized=False) for a in ATOMS])
     rng = random.Random(seed)
-    train = [example(tok, rng) for _ in range(4000)]
-    held = [example(tok, random.Random(10**6 + i)) for i in range(20)]
+    train = [example(tok, rng, names) for _ in range(4000)]
+    held = [example(tok, random.Random(10**6 + i), names) for i in range(20)]
     model = tiny.build_model(shape, tok, 1024, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
@@ -133,12 +154,14 @@ def main() -> None:
     p.add_argument("--out", default="")
     p.add_argument("--plot", default="")
     p.add_argument("--save", default="", help="save each arm's model to SAVE/ARM")
+    p.add_argument("--names", choices=NAMES, default="words",
+                   help="file names: 31 words x 5 extensions, dir-stats' own, or random letters")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     shape = load_recipe(args.recipe).kit.world_model
     result = {"args": vars(args), "shape": shape.__dict__,
               "arms": {arm: train_arm(arm, args.kit, shape, args.steps, args.every, args.lr, args.seed,
-                                        args.save)
+                                        args.save, args.names)
                        for arm in args.arms.split(",")}}
     final = {arm: r["curve"][-1]["exact"] for arm, r in result["arms"].items()}
     result["final_exact"] = final

@@ -13,7 +13,9 @@ writes them). Prints JSON; with --out also writes it (and the model beside it).
 
 --listing-copy N also mixes N synthetic listing-copy examples (bench/listing_copy.py: a snapshot
 of a random data/ folder, the call `ls -l data`, its listing as target) into the training rows:
-does the copy skill the probe learns carry over to the suite's real `ls` steps?
+does the copy skill the probe learns carry over to the suite's real `ls` steps? --listing-layout N
+puts N such listings behind real train tasks' prompts instead (the real rows' layout); --names
+picks their file names, --init continues from a saved model (e.g. listing_copy.py --save).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import random
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bench.listing_copy import example, listing, snapshot_text
+from bench.listing_copy import NAMES, example, listing, snapshot_text
 from obsspec.config import load_recipe
 from obsspec.engines.hf import HFEngine
 from obsspec.env.suite import load_tasks, spread
@@ -57,6 +59,8 @@ def main() -> None:
     p.add_argument("--listing-layout", type=int, default=0,
                    help="synthetic listing copies laid out as real rows: a train task's prompt, "
                         "a snapshot of a random data/, `ls -l data` and its listing as target")
+    p.add_argument("--names", choices=NAMES, default="words",
+                   help="the synthetic listings' file names (bench/listing_copy.py listing)")
     p.add_argument("--init", default="", help="continue from this model folder (and its tokenizer), "
                                               "e.g. listing_copy.py --save DIR's DIR/atoms")
     p.add_argument("--out", default="", help="write the JSON here (and the model to OUT.model)")
@@ -84,12 +88,12 @@ def main() -> None:
     if args.listing_copy:
         rng = random.Random(cfg.seed)
         for _ in range(args.listing_copy):
-            prompt, target, _body = example(tokenizer, rng)
+            prompt, target, _body = example(tokenizer, rng, args.names)
             train_ex.append({"input_ids": prompt + target, "completion_mask": [0] * len(prompt) + [1] * len(target)})
     if args.listing_layout:
         rng = random.Random(cfg.seed + 1)
         for i in range(args.listing_layout):
-            block, n = listing(rng)
+            block, n = listing(rng, args.names)
             t = transcript(fmt, train_rows[i % len(train_rows)]["instruction"],
                            [("ls -l data", block + "\n(exit_code=0)")], done=False)
             train_ex.append(wm_row(tokenizer.encode(snapshot_text(block, n), add_special_tokens=False),

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import string
 import time
 
 import torch
@@ -42,14 +43,12 @@ WORDS = ("app config data main notes schema summary todo server backup test erro
          "cache debug events index jobs metrics queue report sync trace users worker alpha beta gamma delta").split()
 EXTS = ("txt", "log", "csv", "md", "json")
 ATOMS = ("-rw-r--r--", "drwxr-xr-x", " 1 agent agent ", " 2 agent agent ", " Jan  1 00:00 ")
+NAMES = ("words", "stems", "random")  # how the synthetic listings name their files: file_name
 
 
 def random_stem(rng: random.Random) -> str:
     """A name no model can have memorised: 3-8 random lowercase letters."""
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 8)))
-
-
-NAMES = ("words", "stems", "random")
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 8)))
 
 
 def file_name(rng: random.Random, names: str) -> str:

@@ -384,6 +384,7 @@ def test_with_the_workspace_snapshot_the_world_model_base_learns_with_it_ahead_o
         return {"steps": 0}
 
     monkeypatch.setattr(warmstart, "train", train)
+    pieces = {}
     for budget in (0, 256):
         report = kit.build_kit(suite, str(tmp_path / f"kit{budget}"), TINY, SANDBOX, SAMPLING, NullDisplay(),
                                snapshot_tokens=budget)
@@ -401,6 +402,57 @@ def test_with_the_workspace_snapshot_the_world_model_base_learns_with_it_ahead_o
         assert ("workspace_snapshot" in report) == bool(budget)
         if budget:  # each row has its own task's workspace (val row 0 is ROWS[6]'s task)
             assert " f6.txt\n" in fmt.decode(eval_rows[0]["input_ids"][:256])
+        # the snapshots' text is in the tokenizer's corpus: its own words encode in fewer pieces
+        pieces[budget] = len(fmt.encode_text("/app before the first command:\n$ ls -lR\n./data:"))
+    assert pieces[256] < pieces[0]
+
+
+def write_dir_stats_suite(path, val_extra=()) -> str:
+    """A suite of 4 built-in dir-stats tasks (3 train, 1 val) and their reference trajectories."""
+    tasks = [builtin_task("dir-stats", i) for i in range(4)]
+    rows = [{"task_id": t.task_id, "family": t.family, "split": "train" if i < 3 else "val", "reward": 1.0,
+             "instruction": t.instruction, "steps": [{"command": c, "observation": "(no output)\n(exit_code=0)",
+                                                      "exit_code": 0} for c in t.solution]}
+            for i, t in enumerate(tasks)]
+    write_suite(path, rows)
+    for split, chosen in (("train", tasks[:3]), ("val", [*tasks[3:], *val_extra])):
+        with open(os.path.join(path, f"{split}.jsonl"), "w") as f:
+            f.writelines(json.dumps(t.to_dict()) + "\n" for t in chosen)
+    return str(path)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
+def test_world_model_tasks_add_real_reference_rows_for_the_world_model_only(tmp_path, monkeypatch):
+    """kit.world_model_tasks: more instances of the suite's families, run in real sandboxes, whose
+    observations the world-model base (and not the policy) learns from; one equal to a suite task
+    (here: a val task, which must never be trained on) is dropped and counted."""
+    from obsspec.env.suite import instance_seed
+
+    cfg = dataclasses.replace(TINY, world_model_tasks=4)
+    first = builtin_task("dir-stats", 0, instance_seed(cfg.seed, "kit.world_model_tasks", 0))
+    suite = write_dir_stats_suite(tmp_path / "suite", val_extra=[dataclasses.replace(first, task_id="dir-stats-00099")])
+    assert kit.kit_key(suite, cfg, SANDBOX, SAMPLING) != kit.kit_key(suite, TINY, SANDBOX, SAMPLING)
+    seen = {}
+
+    def train(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display):
+        seen[name] = (tok, train_rows)
+        return {"steps": 0}
+
+    monkeypatch.setattr(warmstart, "train", train)
+    report = kit.build_kit(suite, str(tmp_path / "kit"), cfg, SANDBOX, SAMPLING, NullDisplay())
+    extra = report["world_model_tasks"]
+    assert (extra["generated"], extra["duplicates"], extra["failed"], extra["kept"]) == (4, 1, 0, 3)
+    tok, wm_rows = seen["world_model"]
+    assert len(seen["policy"][1]) == 3 and len(wm_rows) == 3 + 3 == 3 + extra["examples"]
+    fmt = ChatFormat(tok)
+    texts = [fmt.decode(r["input_ids"]) for r in wm_rows[3:]]
+    # real observations of the sandbox (the suite's rows above say "(no output)" for every step)
+    assert all("-rw-r--r-- 1 agent agent" in t and "total " in t for t in texts)
+
+    with open(os.path.join(suite, "train.jsonl"), "w") as f:  # no built-in family to generate
+        f.write(json.dumps(dataclasses.replace(builtin_task("dir-stats", 0), family="imported").to_dict()) + "\n")
+    with pytest.raises(ValueError, match="world_model_tasks.*built-in family"):
+        kit.build_kit(suite, str(tmp_path / "kit2"), cfg, SANDBOX, SAMPLING, NullDisplay())
 
 
 def test_kit_config_rejects_impossible_shapes():

@@ -76,7 +76,7 @@ def generate_builtin(cfg: TasksConfig) -> tuple[list[Task], list[dict]]:
     for i in range(cfg.num_instances):
         family, index = names[i % len(names)], i // len(names)
         task = builtin_task(family, index, cfg.seed)
-        key = _identity(task)
+        key = identity(task)
         if key in seen:
             dropped.append({"task_id": task.task_id, "reason": f"duplicate of {seen[key]}"})
             continue
@@ -85,7 +85,8 @@ def generate_builtin(cfg: TasksConfig) -> tuple[list[Task], list[dict]]:
     return tasks, dropped
 
 
-def _identity(task: Task) -> str:
+def identity(task: Task) -> str:
+    """sha256 of what the task is, whatever its id: equal tasks under two ids are one."""
     d = task.to_dict()
     d.pop("task_id")
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()

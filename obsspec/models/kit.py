@@ -16,7 +16,9 @@ read, and only its train split is trained on):
 4. the world-model base: a tiny Qwen3 pre-trained to write the real observations of the
    reference trajectories and of those rollouts (loss on observation bodies only); with the
    recipe's `world_model.workspace_snapshot`, each row has its task's snapshot ahead of it, as
-   the rollout's drafts will (`kit_for` passes `snapshot_tokens`; 0 = without).
+   the rollout's drafts will (`kit_for` passes `snapshot_tokens`; 0 = without), and then the
+   snapshots' text is in the tokenizer's corpus as well; with `kit.world_model_tasks`, also
+   the reference trajectories of that many more generated instances of the suite's families.
 Each lands in an ordinary model folder (weights + config + tokenizer) under
 `cache_dir/kit-<key>/`, where key = sha256 of (kit format, config, sha256 of trajectories.jsonl,
 the sampling and sandbox of the rollouts, the snapshot budget):
@@ -27,6 +29,7 @@ built in a temporary folder and renamed into place, so a crash never leaves a ha
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -42,9 +45,11 @@ from obsspec.rollout.scheduler import Sampling
 from obsspec.ui.display import Display, NullDisplay
 
 KIT_FORMAT = 3  # bump when the layout or the training recipe changes, to invalidate old kits (3: listing atoms)
-SNAPSHOT_FORMAT = 2  # the snapshot's text (2: the sandbox's `ls -lR`); part of the key when on
+# the snapshot's text and use (2: the sandbox's `ls -lR`; 3: also in the tokenizer's corpus); in the key when on
+SNAPSHOT_FORMAT = 3
 TRAJECTORIES = "trajectories.jsonl"
 TRAIN_TASKS = "train.jsonl"
+VAL_TASKS = "val.jsonl"
 
 
 @dataclass(frozen=True)
@@ -69,19 +74,29 @@ class KitPaths:
 
 def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling,
             snapshot_tokens: int = 0) -> str:
-    corpus = {}
-    for name in (TRAJECTORIES, TRAIN_TASKS) if cfg.rollouts else (TRAJECTORIES,):
-        with open(os.path.join(tasks_dir, name), "rb") as f:
-            corpus[name] = hashlib.sha256(f.read()).hexdigest()
+    corpus = {name: _sha256(os.path.join(tasks_dir, name))
+              for name in ((TRAJECTORIES, TRAIN_TASKS) if cfg.rollouts else (TRAJECTORIES,))}
     # The policy's rollouts depend on how it samples and on the sandbox it runs in.
     rollouts = {"sandbox": dataclasses.asdict(sandbox), "sampling": dataclasses.asdict(sampling)} \
         if cfg.rollouts else None
-    key = {"format": KIT_FORMAT, "config": dataclasses.asdict(cfg), "corpus": corpus, "rollouts": rollouts}
+    config = dataclasses.asdict(cfg)
+    if not cfg.world_model_tasks:  # (absent when off: kits built before the field keep their key)
+        del config["world_model_tasks"]
+    key = {"format": KIT_FORMAT, "config": config, "corpus": corpus, "rollouts": rollouts}
     if snapshot_tokens:  # (absent when off: kits built before the switch keep their key)
         key["snapshot_tokens"] = snapshot_tokens
         key["snapshot_format"] = SNAPSHOT_FORMAT
+    if snapshot_tokens or cfg.world_model_tasks:  # both run the suite's tasks in sandboxes
+        key["sandbox"] = dataclasses.asdict(sandbox)
+        key["tasks"] = {name: _sha256(os.path.join(tasks_dir, name)) for name in (TRAIN_TASKS, VAL_TASKS)
+                        if os.path.exists(os.path.join(tasks_dir, name))}
     blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def kit_for(recipe, tasks_dir: str, display: Display | None = None, cache_dir: str | None = None) -> KitPaths:
@@ -135,6 +150,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     from obsspec.models import tiny, warmstart
     from obsspec.models.tokenizer import corpus_texts, train_tokenizer
     from obsspec.tokens import ChatFormat
+    from obsspec.worldmodel.snapshot import snapshot_ids
 
     t0 = time.monotonic()
     paths = KitPaths.under(out_dir)
@@ -146,9 +162,15 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     report: dict = {"format": KIT_FORMAT, "config": dataclasses.asdict(cfg), "tasks_dir": tasks_dir,
                     "trajectories": {"train": len(train_rows), "val": len(val_rows)}}
 
+    # With snapshots on, their text is in the tokenizer's corpus too: the directory lines of a
+    # snapshot's `ls -lR` (`drwxr-xr-x 2 agent agent ...`) then get listing atoms like the files'
+    # lines, and the world model copies a listing on the same tokens it was trained on.
+    texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers)) if snapshot_tokens else {}
+    train_ids = {r["task_id"] for r in train_rows}
+    corpus = corpus_texts(train_rows) + [text for tid, text in sorted(texts.items()) if tid in train_ids]
     display.log(f"tiny model kit: training a {cfg.vocab_size}-token BPE on "
-                f"{len(train_rows)} train trajectories")
-    tokenizer = train_tokenizer(corpus_texts(train_rows), cfg.vocab_size)
+                f"{len(train_rows)} train trajectories" + (" and their workspace snapshots" if texts else ""))
+    tokenizer = train_tokenizer(corpus, cfg.vocab_size)
     tokenizer.save_pretrained(paths.tokenizer)
     fmt = ChatFormat(tokenizer)
     report["tokenizer"] = {"vocab": len(tokenizer), "sec": round(time.monotonic() - t0, 1)}
@@ -167,13 +189,27 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     val_ex, _ = warmstart.examples(fmt, val_rows, "policy", cfg.max_length)
     policy = train("policy", cfg.policy, train_ex, val_ex, dropped, paths.policy)
 
-    snapshots = _snapshots(fmt, tasks_dir, snapshot_tokens, sandbox) if snapshot_tokens else None
+    snapshots = {tid: snapshot_ids(fmt, text, snapshot_tokens) for tid, text in texts.items()} \
+        if snapshot_tokens else None
     if snapshots is not None:
         report["workspace_snapshot"] = {"tokens": snapshot_tokens, "tasks": len(snapshots),
                                         "mean_tokens": round(sum(map(len, snapshots.values()))
                                                              / max(len(snapshots), 1), 1)}
     wm_train, dropped = warmstart.examples(fmt, train_rows, "world_model", cfg.max_length, snapshots)
     wm_val, _ = warmstart.examples(fmt, val_rows, "world_model", cfg.max_length, snapshots)
+    if cfg.world_model_tasks:
+        t1 = time.monotonic()
+        extra, stats = _run_apart(_world_model_tasks(tasks_dir, cfg, sandbox, display))
+        extra_snapshots = None
+        if snapshot_tokens:
+            extra_texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers,
+                                                      [t for t, _ in extra]))
+            extra_snapshots = {tid: snapshot_ids(fmt, text, snapshot_tokens) for tid, text in extra_texts.items()}
+        extra_ex, extra_dropped = warmstart.examples(fmt, [row for _, row in extra], "world_model",
+                                                     cfg.max_length, extra_snapshots)
+        report["world_model_tasks"] = {**stats, "examples": len(extra_ex), "dropped_too_long": extra_dropped,
+                                       "sec": round(time.monotonic() - t1, 1)}
+        wm_train = wm_train + extra_ex
     if cfg.rollouts:
         t1 = time.monotonic()
         trajectories = _policy_rollouts(policy, tokenizer, fmt, tasks_dir, cfg, sandbox, sampling, display)
@@ -196,18 +232,68 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     return report
 
 
-def _snapshots(fmt, tasks_dir: str, budget: int, sandbox: SandboxConfig) -> dict[str, list[int]]:
-    """task_id -> workspace snapshot ids for every task of the suite (train and val)."""
+async def _workspace_texts(tasks_dir: str, sandbox: SandboxConfig, workers: int,
+                           tasks: list | None = None) -> dict[str, str]:
+    """task_id -> workspace snapshot text for `tasks` (default: every task of the suite)."""
     from obsspec.env.suite import load_tasks
-    from obsspec.worldmodel.snapshot import WorkspaceSnapshots
+    from obsspec.worldmodel.snapshot import workspace_texts
 
-    return _run_apart(WorkspaceSnapshots(fmt, budget, sandbox).table(load_tasks(tasks_dir)))
+    return await workspace_texts(load_tasks(tasks_dir) if tasks is None else tasks, sandbox, workers)
+
+
+WM_TASK_PREFIX = "wm-"  # ids of world_model_tasks: never those of a suite task
+
+
+async def _world_model_tasks(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
+                             display: Display) -> tuple[list, dict]:
+    """`cfg.world_model_tasks` new instances of the train split's built-in families (seeded
+    apart from the suite by the kit's seed), each run through its reference solution in a real
+    sandbox: [(task, trajectories.jsonl-like row)] of those that scored 1, and counts. An
+    instance equal to a suite task (train or val: held-out tasks are never trained on) or to an
+    earlier one is dropped and counted, as is one whose reference did not score 1."""
+    from obsspec.env.episode import run_scripted
+    from obsspec.env.families import all_families
+    from obsspec.env.suite import builtin_task, identity, instance_seed, load_tasks
+
+    suite = load_tasks(tasks_dir)
+    families = sorted({t.family for t in load_tasks(os.path.join(tasks_dir, TRAIN_TASKS))} & set(all_families()))
+    if not families:
+        raise ValueError(f"kit.world_model_tasks: {tasks_dir} has no train tasks of a built-in family "
+                         "to generate more of (an imported suite has no generators): set it to 0")
+    seed = instance_seed(cfg.seed, "kit.world_model_tasks", 0)
+    seen = {identity(t) for t in suite}
+    tasks, duplicates = [], 0
+    for i in range(cfg.world_model_tasks):
+        task = builtin_task(families[i % len(families)], i // len(families), seed)
+        key = identity(task)
+        if key in seen:
+            duplicates += 1
+            continue
+        seen.add(key)
+        tasks.append(dataclasses.replace(task, task_id=WM_TASK_PREFIX + task.task_id))
+    gate = asyncio.Semaphore(cfg.rollout_workers)
+    display.start(len(tasks), "world-model tasks: reference solutions in the sandbox")
+
+    async def one(task):
+        async with gate:
+            record = await run_scripted(task, task.solution, sandbox)
+        display.advance(1)
+        return task, record
+
+    try:
+        results = await asyncio.gather(*(one(t) for t in tasks))
+    finally:
+        display.finish()
+    kept = [(task, {**record.to_dict(), "family": task.family, "instruction": task.instruction,
+                    "split": "train"})
+            for task, record in results if record.reward == 1.0]
+    return kept, {"generated": cfg.world_model_tasks, "duplicates": duplicates,
+                  "failed": len(results) - len(kept), "kept": len(kept), "families": families}
 
 
 def _run_apart(coro):
     """Run `coro` to the end in an event loop of its own, in a thread of its own: ensure_kit is
     also called from async code."""
-    import asyncio
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

@@ -146,9 +146,25 @@ def snapshot_ids(fmt, text: str, budget: int) -> list[int]:
     return open_ids + body + close_ids
 
 
+async def workspace_text(task: Task, sandbox: SandboxConfig) -> str:
+    """The task's workspace snapshot as text (`render`), before any tokenizer exists."""
+    return render(await capture_workspace(task, sandbox), task.workdir)
+
+
+async def workspace_texts(tasks: Iterable[Task], sandbox: SandboxConfig, workers: int = 4) -> dict[str, str]:
+    """task_id -> `workspace_text` for `tasks`, `workers` sandboxes at a time."""
+    gate = asyncio.Semaphore(workers)
+
+    async def one(task: Task) -> tuple[str, str]:
+        async with gate:
+            return task.task_id, await workspace_text(task, sandbox)
+
+    return dict(await asyncio.gather(*(one(t) for t in {t.task_id: t for t in tasks}.values())))
+
+
 async def workspace_snapshot(task: Task, fmt, budget: int, sandbox: SandboxConfig) -> list[int]:
     """The task's workspace snapshot as token ids, at most `budget` of them."""
-    return snapshot_ids(fmt, render(await capture_workspace(task, sandbox), task.workdir), budget)
+    return snapshot_ids(fmt, await workspace_text(task, sandbox), budget)
 
 
 class WorkspaceSnapshots:

@@ -237,7 +237,8 @@ def main(argv=None) -> None:
     for v in variants:
         model, tokenizer = load_pretrained(os.path.join(args.kit, "world_model"))  # a fresh base to serve
         ev = evaluate_models(model, tokenizer, runs[v]["cases"], {"base": None, "adapter": adapters[v]},
-                             cap=recipe.sandbox.output_cap, max_tokens=args.draft_tokens)
+                             cap=recipe.sandbox.output_cap, max_tokens=args.draft_tokens,
+                             prompt_lookup=recipe.world_model.prompt_lookup)
         results[v].update(eval=ev, gain=gain(ev["base"], ev["adapter"]))
     first = results[variants[0]]
     counts, stats, ev, swap, dup, cases = (first["train_data"], first["train"], first["eval"],

@@ -551,3 +551,43 @@ def test_low_priority_work_waits_for_normal_work_and_promote_lifts_it(model):
     steps_while_busy, same, promoted_first = run(go())
     assert steps_while_busy == 0, "a low-priority request decoded while normal work was running"
     assert same and promoted_first
+
+
+# --------------------------------------------------------------------------------------------
+# Prompt lookup
+
+
+def test_propose_continues_the_latest_earlier_occurrence_of_the_tail():
+    from obsspec.engines.kv_batch import propose
+
+    assert propose([1, 2, 3, 9, 8, 1, 2, 3], 4) == [9, 8, 1, 2]
+    assert propose([5, 2, 3, 7, 6, 2, 3, 4, 1, 2, 3], 2) == [4, 1]  # the latest of two
+    assert propose([4, 4, 9, 7, 1, 9], 3) == [7, 1, 9]  # falls back to a shorter tail
+    assert propose([1, 2, 3], 4) == [] and propose([7], 4) == []
+
+
+@pytest.mark.parametrize("batch_invariant", [True, False])
+def test_prompt_lookup_keeps_greedy_output_and_takes_fewer_passes(model, batch_invariant):
+    """Verifying proposed tokens in one pass gives the tokens of one-at-a-time greedy decoding
+    (here: exactly `generate`'s), in fewer decode passes; sampled requests get no proposals."""
+    prompts = [prompt(30, s) * 2 for s in (1, 5, 9, 13)]
+
+    async def go(lookup):
+        async with HFEngine(model, batch_invariant=batch_invariant, prompt_lookup=lookup) as engine:
+            greedy = [engine.generate(GenerationRequest(prompt_ids=p, temperature=0, max_new_tokens=40,
+                                                        request_id=f"g{i}")) for i, p in enumerate(prompts)]
+            sampled = engine.generate(GenerationRequest(prompt_ids=prompts[0], temperature=1.0, seed=3,
+                                                        max_new_tokens=40))
+            out = await asyncio.gather(*greedy, sampled)
+            passes = sum(engine.stats.steps_by_request[f"g{i}"] for i in range(len(prompts)))
+            return [list(g.token_ids) for g in out], engine.stats, passes
+
+    plain, plain_stats, plain_passes = run(go(0))
+    looked, stats, passes = run(go(8))
+    assert looked[:4] == plain[:4] == [reference_greedy(model, p, 40) for p in prompts]
+    assert stats.proposed_accepted > 0 and plain_stats.proposed_tokens == 0
+    assert passes < plain_passes
+    if batch_invariant:  # its own passes, one token each: bit-identical draws
+        assert looked[4] == plain[4]
+    with pytest.raises(ValueError, match="prompt_lookup"):
+        HFEngine(model, prompt_lookup=-1)

@@ -27,7 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest, PromptTooLong
-from obsspec.engines.kv_batch import DecodeBatch, sample_token
+from obsspec.engines.kv_batch import DecodeBatch, propose, sample_token
 from obsspec.engines.lora import LoraAdapters
 
 
@@ -48,6 +48,8 @@ class EngineStats:
     decode_sec: float = 0.0  # time in decode forward passes
     largest_batch: int = 0  # most requests decoded by one forward pass
     tokens: int = 0
+    proposed_tokens: int = 0  # prompt lookup: tokens proposed, and of those accepted
+    proposed_accepted: int = 0
     finished: int = 0
     cancelled: int = 0
     # decode steps each recently finished request took part in (bounded, newest last)
@@ -133,9 +135,15 @@ class HFEngine:
         batch_invariant: bool = False,
         max_batch_size: int = 32,
         device: str = "cpu",
+        prompt_lookup: int = 0,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prompt_lookup < 0:
+            raise ValueError(f"prompt_lookup must be >= 0, got {prompt_lookup}")
+        # Greedy requests feed up to this many tokens proposed from their own context per pass
+        # (kv_batch.propose) and keep the ones the model agrees with; 0 = one token per pass.
+        self.prompt_lookup = prompt_lookup
         self.device = torch.device(device)
         self.adapters = LoraAdapters(model.to(self.device).eval())
         self.tokenizer = tokenizer
@@ -363,10 +371,14 @@ class HFEngine:
                 continue
             if urgent and all(r.priority > 0 for r in batch.rows):
                 continue  # low-priority work waits while normal work runs
+            proposals = [self._proposal(r) for r in batch.rows] if self.prompt_lookup else None
+            if proposals is not None and not any(proposals):
+                proposals = None
             try:
                 self.adapters.use(batch.adapter)
                 t0 = time.perf_counter()
-                logits = batch.forward(self.model)
+                logits = batch.forward(self.model) if proposals is None else \
+                    batch.forward_proposed(self.model, proposals)
                 self.stats.decode_sec += time.perf_counter() - t0
             except Exception as exc:  # the shared forward pass failed: fail all its requests
                 for r in batch.rows:
@@ -377,10 +389,14 @@ class HFEngine:
             self.stats.largest_batch = max(self.stats.largest_batch, len(batch.rows))
             keep = []
             for i, r in enumerate(batch.rows):
-                r.position += 1
                 r.steps += 1
                 try:
-                    self._accept(r, logits[i])
+                    if proposals is None:
+                        r.position += 1
+                        self._accept(r, logits[i])
+                    else:
+                        fed = self._accept_proposed(r, logits[i], proposals[i])
+                        batch.unfeed(i, logits.shape[1] - fed)
                 except Exception as exc:  # e.g. its stop-string decoding: fail it alone
                     self._fail(r, exc)
                     continue
@@ -406,6 +422,31 @@ class HFEngine:
             r.finish_reason = "length"
         elif self.max_positions is not None and r.position >= self.max_positions:
             r.finish_reason = "length"  # the last token has no position left to be fed at
+
+    def _proposal(self, r: _Running) -> list[int]:
+        """Tokens proposed for a greedy request from its own context (never for a sampled one,
+        whose tokens must be drawn one by one), within its token and position budgets."""
+        if not r.request.greedy:
+            return []
+        room = min(self.prompt_lookup, r.request.max_new_tokens - len(r.tokens) - 1)
+        if self.max_positions is not None:
+            room = min(room, self.max_positions - r.position - 1)
+        return propose((*r.request.prompt_ids, *r.tokens), room) if room > 0 else []
+
+    def _accept_proposed(self, r: _Running, logits: torch.Tensor, proposal: list[int]) -> int:
+        """Greedy tokens from a verifying pass: the model's choice after each fed column, for as
+        long as it equals the next proposed token. Returns how many columns were fed for real
+        (the last sampled token and the accepted proposals)."""
+        j = 0
+        while True:
+            r.position += 1
+            self._accept(r, logits[j])
+            if r.finish_reason is not None or j == len(proposal) or r.tokens[-1] != proposal[j]:
+                break
+            j += 1
+        self.stats.proposed_tokens += len(proposal)
+        self.stats.proposed_accepted += j
+        return j + 1
 
     def _stop_string(self, r: _Running) -> str | None:
         stops = r.request.stop_strings

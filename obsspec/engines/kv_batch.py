@@ -11,6 +11,7 @@ request alone; the hf engine's batch-invariant mode avoids even that by never sh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -40,6 +41,20 @@ def sample_token(
         probs = probs.scatter(0, order[outside], 0.0)
     token = int(torch.multinomial(probs, 1, generator=generator))
     return token, float(logprobs[token])
+
+
+def propose(context: Sequence[int], max_tokens: int, ngram: int = 3) -> list[int]:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the context's
+    last `n` tokens (n = `ngram` down to 1), at most `max_tokens`; [] when there is none. A
+    world model copying a listing from its workspace snapshot writes a span of its own prompt,
+    which one verifying pass then accepts many tokens of at a time."""
+    end = len(context)
+    for n in range(min(ngram, end - 1), 0, -1):
+        tail = list(context[end - n:])
+        for start in range(end - n - 1, -1, -1):
+            if context[start + n - 1] == tail[-1] and list(context[start:start + n]) == tail:
+                return list(context[start + n:start + n + max_tokens])
+    return []
 
 
 def pad_left(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
@@ -98,6 +113,35 @@ class DecodeBatch:
             use_cache=True,
         )
         return out.logits[:, -1, :]
+
+    def forward_proposed(self, model: Any, proposals: list[list[int]]) -> torch.Tensor:
+        """One verifying step: feed each row's last sampled token followed by its proposed
+        tokens (rows padded to the longest proposal; the padding is masked out); return the
+        logits after every fed column, (rows, 1 + longest proposal, vocabulary). Columns a row
+        does not keep are masked out afterwards with `unfeed`: a hole in the mask is ignored
+        exactly like left padding, and position ids stay explicit, so the row goes on as if
+        only its kept tokens had been fed."""
+        device = self.mask.device
+        width = 1 + max(len(p) for p in proposals)
+        ids = torch.tensor([[r.tokens[-1], *p] + [0] * (width - 1 - len(p))
+                            for r, p in zip(self.rows, proposals)], device=device)
+        positions = torch.tensor([[r.position + j for j in range(width)] for r in self.rows], device=device)
+        new = torch.tensor([[1] * (1 + len(p)) + [0] * (width - 1 - len(p)) for p in proposals],
+                           dtype=self.mask.dtype, device=device)
+        self.mask = torch.cat([self.mask, new], dim=1)
+        out = model(
+            input_ids=ids,
+            attention_mask=self.mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.logits
+
+    def unfeed(self, row: int, columns: int) -> None:
+        """The last `columns` fed columns of `row` never happened (rejected proposals)."""
+        if columns > 0:
+            self.mask[row, -columns:] = 0
 
     def keep(self, indices: list[int]) -> None:
         if len(indices) == len(self.rows):

@@ -273,7 +273,8 @@ async def _main_async(args) -> dict:
             snapshots = await builder.table([t for t in load_tasks(args.tasks_dir) if t.task_id in ids])
         sources = {"reference": reference_cases(fmt, rows, snapshots),
                    **{name: trajectory_cases(fmt, trs, snapshots) for name, trs in recorded.items()}}
-        async with HFEngine(model, tokenizer, batch_invariant=False) as engine:
+        async with HFEngine(model, tokenizer, batch_invariant=False,
+                            prompt_lookup=recipe.world_model.prompt_lookup) as engine:
             for name, cases in sources.items():
                 results[f"world_model_{name}"] = await evaluate_world_model(
                     engine, fmt, cases, recipe.sandbox.output_cap,

@@ -61,9 +61,19 @@ class WorldModelConfig:
                                           "and evaluation alike; drafts are still verified exactly.")
     snapshot_tokens: int = doc(512, "Token budget of the workspace snapshot (cut with a marker); "
                                     "the world model then reads up to this + policy.max_context.")
+    prompt_lookup: int = doc(0, "hf engine: each decode pass of a greedy draft also verifies up to "
+                                "this many tokens proposed from its own context (the tokens after "
+                                "the latest earlier occurrence of its last 1-3 tokens: a listing "
+                                "copied from the snapshot), keeping those the model agrees with. "
+                                "Same greedy tokens, fewer passes; 0 = one token a pass.")
 
     def __post_init__(self) -> None:
         check_engine("world_model", self.engine, self.server_url)
+        if not 0 <= self.prompt_lookup <= 256:
+            raise ValueError(f"world_model.prompt_lookup must be between 0 and 256 (got {self.prompt_lookup})")
+        if self.prompt_lookup and self.engine != "hf":
+            raise ValueError("world_model.prompt_lookup is the hf engine's; a vLLM server sets its own "
+                             "speculative decoding (set prompt_lookup: 0)")
         if self.max_tokens < 1 or self.temperature < 0:
             raise ValueError("world_model.max_tokens must be >= 1 and world_model.temperature >= 0")
         if not 64 <= self.snapshot_tokens <= 32768:

@@ -92,12 +92,19 @@ def test_to_dict_round_trips():
     ("world_model.max_tokens=256", ["world_model.max_tokens (256)", "at least 2112"]),
     ("policy.engine=vllm", ["policy.engine=vllm needs policy.server_url"]),
     ("world_model.engine=tgi", ["world_model.engine must be hf or vllm"]),
+    ("world_model.prompt_lookup=-1", ["world_model.prompt_lookup must be between 0 and 256"]),
+    ("kit.world_model_tasks=-5", ["kit.world_model_tasks must be >= 0"]),
 ])
 def test_cross_section_mistakes_are_one_line_naming_the_keys(override, words):
     with pytest.raises(ConfigError) as e:
         load_recipe(os.path.join(ROOT, "recipes", "tiny-cpu.yaml"), [override])
     message = str(e.value)
     assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_prompt_lookup_is_refused_for_a_vllm_world_model():
+    with pytest.raises(ConfigError, match="prompt_lookup is the hf engine's"):
+        load_recipe(os.path.join(ROOT, "recipes", "terminal-8b.yaml"), ["world_model.prompt_lookup=8"])
 
 
 def test_a_hub_policy_is_not_held_to_the_tiny_models_positions():

@@ -101,18 +101,7 @@ class DecodeBatch:
 
     def forward(self, model: Any) -> torch.Tensor:
         """One decode step: feed each row's last sampled token; return next-token logits."""
-        device = self.mask.device
-        ids = torch.tensor([[r.tokens[-1]] for r in self.rows], device=device)
-        positions = torch.tensor([[r.position] for r in self.rows], device=device)
-        self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], dim=1)
-        out = model(
-            input_ids=ids,
-            attention_mask=self.mask,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        return out.logits[:, -1, :]
+        return self.forward_proposed(model, [[] for _ in self.rows])[:, -1, :]
 
     def forward_proposed(self, model: Any, proposals: list[list[int]]) -> torch.Tensor:
         """One verifying step: feed each row's last sampled token followed by its proposed

@@ -189,8 +189,10 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     val_ex, _ = warmstart.examples(fmt, val_rows, "policy", cfg.max_length)
     policy = train("policy", cfg.policy, train_ex, val_ex, dropped, paths.policy)
 
-    snapshots = {tid: snapshot_ids(fmt, text, snapshot_tokens) for tid, text in texts.items()} \
-        if snapshot_tokens else None
+    def snapshot_table(texts: dict[str, str]) -> dict[str, list[int]]:
+        return {tid: snapshot_ids(fmt, text, snapshot_tokens) for tid, text in texts.items()}
+
+    snapshots = snapshot_table(texts) if snapshot_tokens else None
     if snapshots is not None:
         report["workspace_snapshot"] = {"tokens": snapshot_tokens, "tasks": len(snapshots),
                                         "mean_tokens": round(sum(map(len, snapshots.values()))
@@ -200,11 +202,8 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     if cfg.world_model_tasks:
         t1 = time.monotonic()
         extra, stats = _run_apart(_world_model_tasks(tasks_dir, cfg, sandbox, display))
-        extra_snapshots = None
-        if snapshot_tokens:
-            extra_texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers,
-                                                      [t for t, _ in extra]))
-            extra_snapshots = {tid: snapshot_ids(fmt, text, snapshot_tokens) for tid, text in extra_texts.items()}
+        extra_snapshots = snapshot_table(_run_apart(_workspace_texts(
+            tasks_dir, sandbox, cfg.rollout_workers, [t for t, _ in extra]))) if snapshot_tokens else None
         extra_ex, extra_dropped = warmstart.examples(fmt, [row for _, row in extra], "world_model",
                                                      cfg.max_length, extra_snapshots)
         report["world_model_tasks"] = {**stats, "examples": len(extra_ex), "dropped_too_long": extra_dropped,

@@ -153,11 +153,16 @@ async def workspace_text(task: Task, sandbox: SandboxConfig) -> str:
 
 async def workspace_texts(tasks: Iterable[Task], sandbox: SandboxConfig, workers: int = 4) -> dict[str, str]:
     """task_id -> `workspace_text` for `tasks`, `workers` sandboxes at a time."""
+    return await _by_task(tasks, workers, lambda task: workspace_text(task, sandbox))
+
+
+async def _by_task(tasks: Iterable[Task], workers: int, build) -> dict:
+    """task_id -> `await build(task)` for each task (by id, once), `workers` at a time."""
     gate = asyncio.Semaphore(workers)
 
-    async def one(task: Task) -> tuple[str, str]:
+    async def one(task: Task) -> tuple:
         async with gate:
-            return task.task_id, await workspace_text(task, sandbox)
+            return task.task_id, await build(task)
 
     return dict(await asyncio.gather(*(one(t) for t in {t.task_id: t for t in tasks}.values())))
 
@@ -216,10 +221,4 @@ class WorkspaceSnapshots:
 
     async def table(self, tasks: Iterable[Task]) -> dict[str, list[int]]:
         """task_id -> prefix ids for `tasks` (built a few at a time)."""
-        gate = asyncio.Semaphore(4)
-
-        async def one(task: Task) -> tuple[str, list[int]]:
-            async with gate:
-                return task.task_id, await self.prefix(task)
-
-        return dict(await asyncio.gather(*(one(t) for t in {t.task_id: t for t in tasks}.values())))
+        return await _by_task(tasks, 4, self.prefix)

@@ -59,6 +59,22 @@ def test_exit_status_and_last_status_carry_over():
     assert text(r[1]) == "1\n" and text(r[3]) == "3\n/app\n"
 
 
+def test_error_messages_read_as_bash_c_prints_them():
+    """Bash's messages number the agent's own lines, as `bash -c COMMAND` does, whatever the
+    previous status: they used to give the runner script's line (`bash: line 54:`, 56 after a
+    failed command), which leaked the harness and made the same error print two ways."""
+    commands = ["nosuchcmd", "false", "nosuchcmd", "echo $((1/0))", "echo one\ncd nowhere",
+                "echo hi )", "echo $LINENO"]
+    r = run(session(commands))
+    assert [text(x) for x in r] == [
+        "bash: line 1: nosuchcmd: command not found\n", "",
+        "bash: line 1: nosuchcmd: command not found\n",
+        'bash: line 1: 1/0: division by 0 (error token is "0")\n',
+        "one\nbash: line 2: cd: nowhere: No such file or directory\n",
+        "bash: eval: line 1: syntax error near unexpected token `)'\nbash: eval: line 1: `echo hi )'\n",
+        "1\n"]
+
+
 def test_files_and_setup_and_custom_workdir():
     r = run(session(["cat notes.txt; ls", "pwd"], files={"notes.txt": "hello\n"},
                     setup="mkdir built", workdir="/testbed"))

@@ -50,8 +50,7 @@ trap __obsspec_save EXIT
 __obsspec_status() { return "$1"; }
 # `echo $?` shows the previous command's status. Left of `||` a failing status does not trip a
 # `set -e` the agent left on (which used to end every later command before it ran).
-if [ "$__obsspec_last" = 0 ]; then
-  eval "$__obsspec_cmd"
-else
-  __obsspec_status "$__obsspec_last" || eval "$__obsspec_cmd"
-fi
+# The supervisor runs `eval "$OBSSPEC_RUNNER"; eval "$__obsspec_run"` as line 1 of a `bash -c`, so
+# bash numbers the command's lines from 1 whatever this file's length, as `bash -c COMMAND` does
+# (`bash: line 1: foo: command not found`, not this file's line, which also moved with $?).
+__obsspec_run='if [ "$__obsspec_last" = 0 ]; then eval "$__obsspec_cmd"; else __obsspec_status "$__obsspec_last" || eval "$__obsspec_cmd"; fi'

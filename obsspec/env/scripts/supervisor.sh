@@ -98,7 +98,7 @@ while IFS=' ' read -r op nonce nbytes arg; do
     # The command text reaches its shell on a pipe (fd 3), never through a path the agent can
     # write: a FIFO or a link to PID 1's own stdin planted there hung or steered us.
     run)
-      LC_ALL=$agent_lc_all $setsid bash --noprofile --norc -c "$OBSSPEC_RUNNER" bash "$arg" \
+      LC_ALL=$agent_lc_all $setsid bash --noprofile --norc -c 'eval "$OBSSPEC_RUNNER"; eval "$__obsspec_run"' bash "$arg" \
         </dev/null 3< <(printf '%s' "$script") 2>&1 & ;;
     raw)
       (cd "$OBSSPEC_WORKDIR" && LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc /dev/fd/3) \

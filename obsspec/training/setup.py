@@ -252,8 +252,8 @@ def _step_line(row: dict, steps: int) -> str:
         return "-" if v is None else f"{100 * v:.0f}%"
 
     return (f"step {row['step']}/{steps}: reward {row.get('reward', 0):.3f}, success {pct('success_frac')}, "
-            f"hit rate {pct('spec/exact_frac')}, saved {row.get('latency_saved_sec', 0):.1f}s "
-            f"({pct('latency_saved_frac')} of rollout time), infra failures {row.get('infra_failures', 0)}")
+            f"hit rate {pct('spec/exact_frac')}, hidden ~{row.get('latency_saved_sec', 0):.1f}s "
+            f"(est. {pct('latency_saved_frac')} of rollout time), infra failures {row.get('infra_failures', 0)}")
 
 
 def _kind_thirds(rows: list[dict], third: int) -> dict:

@@ -64,7 +64,8 @@ class RichLive:
                 f"exec_won {_fmt(s.get('spec/exec_won_frac'), True)}",
                 f"rollbacks {_fmt(s.get('spec/rollback_frac'), True)}",
                 latency,
-                f"saved {s.get('latency_saved_sec', 0.0):.1f}s ({_fmt(s.get('latency_saved_frac'), True)})",
+                # overlapped generation, an estimate: the net is what `obsspec rollout --mode both` measures
+                f"hidden ~{s.get('latency_saved_sec', 0.0):.1f}s ({_fmt(s.get('latency_saved_frac'), True)}, est.)",
                 f"tokens wasted {s.get('spec/policy_tokens_discarded', 0)}",
             )
         from rich.console import Group
@@ -103,7 +104,7 @@ class PlainLive:
         if self.speculative:
             line += (f", hit rate {_fmt(s['spec/exact_frac'], True)}, exec_won "
                      f"{_fmt(s['spec/exec_won_frac'], True)}, rollbacks {_fmt(s['spec/rollback_frac'], True)}, "
-                     f"saved {s['latency_saved_sec']:.1f}s ({_fmt(s['latency_saved_frac'], True)} of rollout time)")
+                     f"hidden ~{s['latency_saved_sec']:.1f}s (est. {_fmt(s['latency_saved_frac'], True)} of rollout time)")
         print(line, file=sys.stderr, flush=True)
 
     def stop(self) -> None:

@@ -4,7 +4,7 @@
         [--variants cotrain,no_cotrain] [--plot docs/train_tiny.png] [key=value ...]
 
 Each variant is a real `obsspec train` run (a child process) on the same task suite, the same
-kit and the same seeds; only `train.cotrain_every` differs (1 vs 0). The policy's episodes are
+kit and the same seeds; only `train.cotrain_every` differs (the recipe's vs 0). The policy's episodes are
 therefore the same token for token in both (speculation is lossless; the world model changes only
 the time) until a tool prints something different the second time (`token_identity` says at
 which step, and whether the first difference is in an observation — the tool — or in an action,
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-VARIANTS = {"cotrain": ["train.cotrain_every=1"], "no_cotrain": ["train.cotrain_every=0"]}
+VARIANTS = {"cotrain": [], "no_cotrain": ["train.cotrain_every=0"]}  # cotrain: the recipe's cadence
 
 
 def run_variant(recipe: str, out: str, overrides: list[str]) -> dict:
@@ -102,6 +102,8 @@ def main() -> None:
     from obsspec.config import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
+    if "cotrain" in args.variants.split(",") and recipe.train.cotrain_every == 0:
+        raise SystemExit("the cotrain variant needs train.cotrain_every > 0 in the recipe or the overrides")
     lat = recipe.rollout.latency
     result = {"recipe": args.recipe, "overrides": args.overrides,
               "latency": f"EMULATED {lat.kind} median {lat.median_s}s" if lat.kind != "none" else "no emulated latency",

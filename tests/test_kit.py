@@ -455,6 +455,42 @@ def test_world_model_tasks_add_real_reference_rows_for_the_world_model_only(tmp_
         kit.build_kit(suite, str(tmp_path / "kit2"), cfg, SANDBOX, SAMPLING, NullDisplay())
 
 
+ERROR_WORDS = ("No such file or directory", "command not found", "syntax error near unexpected token")
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
+def test_mistakes_give_the_world_model_and_the_tokenizer_real_error_messages(tmp_path, monkeypatch):
+    """kit.mistakes: reference solutions with one edit, run in real sandboxes; their error
+    messages are world-model rows (not policy rows) and in the tokenizer's corpus."""
+    suite = write_dir_stats_suite(tmp_path / "suite")
+    cfg = dataclasses.replace(TINY, mistakes=4, vocab_size=2048)
+    assert kit.kit_key(suite, cfg, SANDBOX, SAMPLING) != kit.kit_key(suite, TINY, SANDBOX, SAMPLING)
+    seen = {}
+
+    def train(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display):
+        seen[name] = (tok, train_rows)
+        return {"steps": 0}
+
+    monkeypatch.setattr(warmstart, "train", train)
+    pieces = {}
+    for m in (0, 4):
+        report = kit.build_kit(suite, str(tmp_path / f"kit{m}"), dataclasses.replace(cfg, mistakes=m),
+                               SANDBOX, SAMPLING, NullDisplay())
+        tok, wm_rows = seen["world_model"]
+        pieces[m] = sum(len(ChatFormat(tok).encode_text(w)) for w in ERROR_WORDS)
+        assert ("mistakes" in report) == bool(m)
+    got = report["mistakes"]
+    assert got["episodes"] == 3 * 4 and got["steps"] == 3 * 4 * 3 and got["failed_steps"] >= 1
+    assert len(seen["policy"][1]) == 3 and len(wm_rows) == 3 + got["examples"]  # the policy learns none
+    texts = [ChatFormat(tok).decode(r["input_ids"]) for r in wm_rows[3:]]
+    assert any(w in t for t in texts for w in ERROR_WORDS)
+    assert pieces[4] < pieces[0]  # the error words are in the corpus: fewer pieces
+    # the same seeds, the same edits: a kit rebuilt from the same inputs learns the same rows
+    tasks = [builtin_task("dir-stats", i) for i in range(3)]
+    twice = [kit._run_apart(kit._mistake_episodes(tasks, cfg, SANDBOX, NullDisplay())) for _ in range(2)]
+    assert [r["steps"] for r in twice[0]] == [r["steps"] for r in twice[1]]
+
+
 def test_kit_config_rejects_impossible_shapes():
     with pytest.raises(ValueError, match="must divide"):
         TinyModelConfig(num_heads=4, num_kv_heads=3)

@@ -64,7 +64,7 @@ def test_error_messages_read_as_bash_c_prints_them():
     previous status: they used to give the runner script's line (`bash: line 54:`, 56 after a
     failed command), which leaked the harness and made the same error print two ways."""
     commands = ["nosuchcmd", "false", "nosuchcmd", "echo $((1/0))", "echo one\ncd nowhere",
-                "echo hi )", "echo $LINENO"]
+                "echo hi )", "echo $LINENO", "-l ls data", "-- ls"]
     r = run(session(commands))
     assert [text(x) for x in r] == [
         "bash: line 1: nosuchcmd: command not found\n", "",
@@ -72,7 +72,9 @@ def test_error_messages_read_as_bash_c_prints_them():
         'bash: line 1: 1/0: division by 0 (error token is "0")\n',
         "one\nbash: line 2: cd: nowhere: No such file or directory\n",
         "bash: eval: line 1: syntax error near unexpected token `)'\nbash: eval: line 1: `echo hi )'\n",
-        "1\n"]
+        "1\n",
+        # a leading dash is a command word, not an option of the harness's eval
+        "bash: line 1: -l: command not found\n", "bash: line 1: --: command not found\n"]
 
 
 def test_files_and_setup_and_custom_workdir():

@@ -54,12 +54,18 @@ class KitConfig:
                            "sandboxes, the recipe's policy sampling) that the world model also "
                            "learns from; 0 = reference trajectories only.")
     rollout_workers: int = doc(8, "Episodes of those rollouts running at once (and sandboxes of "
-                                  "world_model_tasks).")
+                                  "world_model_tasks and mistakes).")
     world_model_tasks: int = doc(0, "More instances of the suite's built-in families, generated "
                                     "apart from the suite (other seeds; any that equals a suite task "
                                     "is dropped) and run through their reference solutions in real "
                                     "sandboxes, whose observations only the world-model base learns "
                                     "from: more listings to learn copying from. 0 = none.")
+    mistakes: int = doc(0, "Episodes per train task (and per world_model_tasks instance) of its "
+                           "reference solution with one command edited (a word duplicated, dropped, "
+                           "swapped, replaced or misspelt: obsspec/env/mistakes.py), run in real "
+                           "sandboxes: the error messages and their consequences a sampled policy "
+                           "meets. Their text is in the tokenizer's corpus and the world-model base "
+                           "learns their observations. 0 = none.")
     world_model: TinyModelConfig = doc(
         TinyModelConfig(epochs=4.0, max_steps=150),
         "The world-model base (pre-trained to write real observations; loss on body + closing tag).")
@@ -67,7 +73,8 @@ class KitConfig:
     def __post_init__(self) -> None:
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes + special tokens), got {self.vocab_size}")
-        if self.rollouts < 0 or self.rollout_workers < 1 or self.world_model_tasks < 0:
-            raise ValueError("kit.rollouts and kit.world_model_tasks must be >= 0 and kit.rollout_workers >= 1")
+        if self.rollouts < 0 or self.rollout_workers < 1 or self.world_model_tasks < 0 or self.mistakes < 0:
+            raise ValueError("kit.rollouts, kit.world_model_tasks and kit.mistakes must be >= 0 "
+                             "and kit.rollout_workers >= 1")
         if self.max_length < 64:
             raise ValueError(f"max_length must be >= 64, got {self.max_length}")

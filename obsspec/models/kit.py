@@ -18,7 +18,10 @@ read, and only its train split is trained on):
    recipe's `world_model.workspace_snapshot`, each row has its task's snapshot ahead of it, as
    the rollout's drafts will (`kit_for` passes `snapshot_tokens`; 0 = without), and then the
    snapshots' text is in the tokenizer's corpus as well; with `kit.world_model_tasks`, also
-   the reference trajectories of that many more generated instances of the suite's families.
+   the reference trajectories of that many more generated instances of the suite's families;
+   with `kit.mistakes`, also that many episodes per train task (and per generated instance) of
+   its reference solution with one command edited (obsspec/env/mistakes.py), whose error
+   messages the tokenizer's corpus holds too (they are run before step 1).
 Each lands in an ordinary model folder (weights + config + tokenizer) under
 `cache_dir/kit-<key>/`, where key = sha256 of (kit format, config, sha256 of trajectories.jsonl,
 the sampling and sandbox of the rollouts, the snapshot budget):
@@ -80,13 +83,14 @@ def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sa
     rollouts = {"sandbox": dataclasses.asdict(sandbox), "sampling": dataclasses.asdict(sampling)} \
         if cfg.rollouts else None
     config = dataclasses.asdict(cfg)
-    if not cfg.world_model_tasks:  # (absent when off: kits built before the field keep their key)
-        del config["world_model_tasks"]
+    for name in ("world_model_tasks", "mistakes"):  # (absent when off: older kits keep their key)
+        if not config[name]:
+            del config[name]
     key = {"format": KIT_FORMAT, "config": config, "corpus": corpus, "rollouts": rollouts}
     if snapshot_tokens:  # (absent when off: kits built before the switch keep their key)
         key["snapshot_tokens"] = snapshot_tokens
         key["snapshot_format"] = SNAPSHOT_FORMAT
-    if snapshot_tokens or cfg.world_model_tasks:  # both run the suite's tasks in sandboxes
+    if snapshot_tokens or cfg.world_model_tasks or cfg.mistakes:  # these run the suite's tasks in sandboxes
         key["sandbox"] = dataclasses.asdict(sandbox)
         key["tasks"] = {name: _sha256(os.path.join(tasks_dir, name)) for name in (TRAIN_TASKS, VAL_TASKS)
                         if os.path.exists(os.path.join(tasks_dir, name))}
@@ -167,9 +171,16 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     # lines, and the world model copies a listing on the same tokens it was trained on.
     texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers)) if snapshot_tokens else {}
     train_ids = {r["task_id"] for r in train_rows}
-    corpus = corpus_texts(train_rows) + [text for tid, text in sorted(texts.items()) if tid in train_ids]
+    # With mistakes on, the error messages are in the corpus too: `No such file or directory` is
+    # then a few tokens, not a dozen fragments the world model must spell out one by one.
+    t1 = time.monotonic()
+    mistake_rows = _mistakes(tasks_dir, cfg, sandbox, display) if cfg.mistakes else []
+    mistakes_sec = round(time.monotonic() - t1, 1)
+    corpus = (corpus_texts(train_rows) + [text for tid, text in sorted(texts.items()) if tid in train_ids]
+              + corpus_texts(mistake_rows))
     display.log(f"tiny model kit: training a {cfg.vocab_size}-token BPE on "
-                f"{len(train_rows)} train trajectories" + (" and their workspace snapshots" if texts else ""))
+                f"{len(train_rows)} train trajectories" + (" and their workspace snapshots" if texts else "")
+                + (f" and {len(mistake_rows)} episodes with a mistake" if mistake_rows else ""))
     tokenizer = train_tokenizer(corpus, cfg.vocab_size)
     tokenizer.save_pretrained(paths.tokenizer)
     fmt = ChatFormat(tokenizer)
@@ -199,15 +210,24 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
                                                              / max(len(snapshots), 1), 1)}
     wm_train, dropped = warmstart.examples(fmt, train_rows, "world_model", cfg.max_length, snapshots)
     wm_val, _ = warmstart.examples(fmt, val_rows, "world_model", cfg.max_length, snapshots)
+    if mistake_rows:
+        ex, n_dropped = warmstart.examples(fmt, mistake_rows, "world_model", cfg.max_length, snapshots)
+        report["mistakes"] = {**_mistake_stats(mistake_rows), "examples": len(ex), "dropped_too_long": n_dropped,
+                              "sec": mistakes_sec}
+        wm_train = wm_train + ex
     if cfg.world_model_tasks:
         t1 = time.monotonic()
         extra, stats = _run_apart(_world_model_tasks(tasks_dir, cfg, sandbox, display))
         extra_snapshots = snapshot_table(_run_apart(_workspace_texts(
             tasks_dir, sandbox, cfg.rollout_workers, [t for t, _ in extra]))) if snapshot_tokens else None
-        extra_ex, extra_dropped = warmstart.examples(fmt, [row for _, row in extra], "world_model",
-                                                     cfg.max_length, extra_snapshots)
+        extra_rows = [row for _, row in extra]
+        if cfg.mistakes:
+            extra_rows += _run_apart(_mistake_episodes([t for t, _ in extra], cfg, sandbox, display))
+        extra_ex, extra_dropped = warmstart.examples(fmt, extra_rows, "world_model", cfg.max_length, extra_snapshots)
         report["world_model_tasks"] = {**stats, "examples": len(extra_ex), "dropped_too_long": extra_dropped,
                                        "sec": round(time.monotonic() - t1, 1)}
+        if cfg.mistakes:
+            report["world_model_tasks"]["mistakes"] = _mistake_stats(extra_rows[len(extra):])
         wm_train = wm_train + extra_ex
     if cfg.rollouts:
         t1 = time.monotonic()
@@ -241,6 +261,48 @@ async def _workspace_texts(tasks_dir: str, sandbox: SandboxConfig, workers: int,
 
 
 WM_TASK_PREFIX = "wm-"  # ids of world_model_tasks: never those of a suite task
+
+
+def _mistakes(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, display: Display) -> list[dict]:
+    """`_mistake_episodes` of the suite's train tasks."""
+    from obsspec.env.suite import load_tasks
+
+    return _run_apart(_mistake_episodes(load_tasks(os.path.join(tasks_dir, TRAIN_TASKS)), cfg, sandbox, display))
+
+
+async def _mistake_episodes(tasks: list, cfg: KitConfig, sandbox: SandboxConfig, display: Display) -> list[dict]:
+    """`cfg.mistakes` episodes per task of its reference solution with one command edited
+    (`with_mistake`, seeded by the kit's seed, the task and the episode's index), run in real
+    sandboxes without the verifier: trajectories.jsonl-like rows, `reward` None. An episode the
+    sandbox failed to run (`infra_error`) is left out; a task without a solution has none."""
+    import random
+
+    from obsspec.env.episode import run_scripted
+    from obsspec.env.mistakes import with_mistake
+
+    jobs = [(task, with_mistake(task.solution, random.Random(f"{cfg.seed}/kit.mistakes/{task.task_id}/{k}")))
+            for task in tasks if task.solution for k in range(cfg.mistakes)]
+    gate = asyncio.Semaphore(cfg.rollout_workers)
+    display.start(len(jobs), "reference solutions with a mistake, in the sandbox")
+
+    async def one(task, commands):
+        async with gate:
+            record = await run_scripted(task, commands, sandbox, verify=False)
+        display.advance(1)
+        return task, record
+
+    try:
+        results = await asyncio.gather(*(one(t, c) for t, c in jobs))
+    finally:
+        display.finish()
+    return [{**record.to_dict(), "family": task.family, "instruction": task.instruction, "split": "train"}
+            for task, record in results if not record.infra_error]
+
+
+def _mistake_stats(rows: list[dict]) -> dict:
+    steps = [s for r in rows for s in r["steps"]]
+    return {"episodes": len(rows), "steps": len(steps),
+            "failed_steps": sum(s.get("exit_code", 0) != 0 for s in steps)}
 
 
 async def _world_model_tasks(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig,

@@ -53,4 +53,6 @@ __obsspec_status() { return "$1"; }
 # The supervisor runs `eval "$OBSSPEC_RUNNER"; eval "$__obsspec_run"` as line 1 of a `bash -c`, so
 # bash numbers the command's lines from 1 whatever this file's length, as `bash -c COMMAND` does
 # (`bash: line 1: foo: command not found`, not this file's line, which also moved with $?).
-__obsspec_run='if [ "$__obsspec_last" = 0 ]; then eval "$__obsspec_cmd"; else __obsspec_status "$__obsspec_last" || eval "$__obsspec_cmd"; fi'
+# `eval --`: a command that starts with a dash (`-l ls data`) is a command word, as in `bash -c`
+# (`bash: line 1: -l: command not found`), not an option of eval (`eval: -l: invalid option`).
+__obsspec_run='if [ "$__obsspec_last" = 0 ]; then eval -- "$__obsspec_cmd"; else __obsspec_status "$__obsspec_last" || eval -- "$__obsspec_cmd"; fi'

@@ -238,7 +238,7 @@ def main(argv=None) -> None:
         model, tokenizer = load_pretrained(os.path.join(args.kit, "world_model"))  # a fresh base to serve
         ev = evaluate_models(model, tokenizer, runs[v]["cases"], {"base": None, "adapter": adapters[v]},
                              cap=recipe.sandbox.output_cap, max_tokens=args.draft_tokens,
-                             prompt_lookup=recipe.world_model.prompt_lookup)
+                             hf_options=recipe.world_model.hf_options)
         results[v].update(eval=ev, gain=gain(ev["base"], ev["adapter"]))
     first = results[variants[0]]
     counts, stats, ev, swap, dup, cases = (first["train_data"], first["train"], first["eval"],

@@ -93,6 +93,8 @@ def test_to_dict_round_trips():
     ("policy.engine=vllm", ["policy.engine=vllm needs policy.server_url"]),
     ("world_model.engine=tgi", ["world_model.engine must be hf or vllm"]),
     ("world_model.prompt_lookup=-1", ["world_model.prompt_lookup must be between 0 and 256"]),
+    ("world_model.prefix_cache_tokens=-1", ["world_model.prefix_cache_tokens must be >= 0"]),
+    ("world_model.prefix_cache_tokens=10", ["at least one 64-token block"]),
     ("kit.world_model_tasks=-5", ["kit.world_model_tasks", "must be >= 0"]),
     ("kit.mistakes=-1", ["kit.mistakes must be >= 0"]),
 ])

@@ -591,3 +591,79 @@ def test_prompt_lookup_keeps_greedy_output_and_takes_fewer_passes(model, batch_i
         assert looked[4] == plain[4]
     with pytest.raises(ValueError, match="prompt_lookup"):
         HFEngine(model, prompt_lookup=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Prefix cache
+
+
+def test_prefix_cache_prefill_is_bit_identical_cold_and_warm(model):
+    """A prompt's logits and keys/values do not depend on what was cached before it: block by
+    block, the same operations on the same tensors, whether earlier blocks came from the cache."""
+    from obsspec.engines.prefix_cache import PrefixCache
+
+    shared = prompt(40, start=3)
+    a, b = shared + prompt(13, start=5), shared + prompt(21, start=11)
+
+    def prefill(cache, ids):
+        with torch.inference_mode():
+            logits, kv = cache.prefill(model, ids, None, torch.device("cpu"))
+        return logits, [(layer.keys, layer.values) for layer in kv.layers]
+
+    cold_logits, cold_kv = prefill(PrefixCache(block=16, max_tokens=256), b)
+    warm = PrefixCache(block=16, max_tokens=256)
+    prefill(warm, a)  # caches blocks 0-1 (32 shared tokens) and block 2 (a's own)
+    warm_logits, warm_kv = prefill(warm, b)
+    assert warm.hit_tokens == 32, "b should reuse the two blocks it shares with a"
+    assert torch.equal(cold_logits, warm_logits)
+    assert all(torch.equal(k1, k2) and torch.equal(v1, v2) for (k1, v1), (k2, v2) in zip(cold_kv, warm_kv))
+    assert cold_kv[0][0].shape[-2] == len(b)
+    # the one-pass prefill agrees to float noise (same arithmetic, other shapes)
+    with torch.inference_mode():
+        one_pass = model(torch.tensor([b])).logits[0, -1]
+    assert torch.allclose(one_pass, cold_logits, atol=1e-5)
+
+
+def test_prefix_cache_keeps_the_last_token_fresh_and_its_token_budget(model):
+    from obsspec.engines.prefix_cache import PrefixCache
+
+    cache = PrefixCache(block=8, max_tokens=24)  # three blocks at most
+    with torch.inference_mode():
+        cache.prefill(model, prompt(16), None, torch.device("cpu"))  # 16 tokens: one block, 8 fresh
+        assert len(cache) == 1
+        cache.prefill(model, prompt(16), None, torch.device("cpu"))
+        assert cache.hit_tokens == 8 and cache.computed_tokens == 16 + 8
+        cache.prefill(model, prompt(60, start=2), None, torch.device("cpu"))  # 7 new blocks
+    assert len(cache) == 3, "the least recently used blocks are dropped past max_tokens"
+    with pytest.raises(ValueError, match="block"):
+        PrefixCache(block=64, max_tokens=32)
+
+
+def test_engine_with_a_prefix_cache_drafts_exactly_as_without(model, tmp_path):
+    """Greedy drafts of prompts that share a history are generate()'s tokens with or without the
+    cache; later prompts reuse earlier ones' blocks; loading an adapter empties the cache (its
+    keys and values belong to the old weights), and the adapter's drafts are still exact."""
+    v1 = save_adapter(model, tmp_path / "v1", seed=1)
+    history = prompt(70, start=2)
+    prompts = [history[:n] + prompt(5, start=n) for n in (20, 45, 70)]
+
+    async def main(tokens):
+        async with HFEngine(copy.deepcopy(model), prefix_cache_tokens=tokens, prefix_block=16) as engine:
+            base = [list((await engine.generate(GenerationRequest(p, max_new_tokens=12, temperature=0))).token_ids)
+                    for p in prompts]
+            reused = engine.prefix_cache.hit_tokens if engine.prefix_cache else 0
+            await engine.load_adapter("v1", tmp_path / "v1")
+            held = len(engine.prefix_cache) if engine.prefix_cache else 0
+            adapted = [list((await engine.generate(GenerationRequest(p, max_new_tokens=12, temperature=0,
+                                                                     adapter="v1"))).token_ids)
+                       for p in prompts]
+            return base, adapted, reused, held
+
+    cached = run(main(1024))
+    plain = run(main(0))
+    assert cached[:2] == plain[:2]
+    assert cached[0] == [reference_greedy(model, p, 12) for p in prompts]
+    assert cached[1] == [reference_greedy(v1, p, 12) for p in prompts]
+    assert cached[0] != cached[1], "the adapter does not matter"
+    assert cached[2] == 16 + 32, "the 2nd and 3rd prompts reuse the blocks of the history before them"
+    assert cached[3] == 0

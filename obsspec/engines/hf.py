@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest, PromptTooLong
 from obsspec.engines.kv_batch import DecodeBatch, propose, sample_token
 from obsspec.engines.lora import LoraAdapters
+from obsspec.engines.prefix_cache import PrefixCache
 
 
 def load_model(name_or_path: str | os.PathLike[str], *, dtype: Any = "auto", device: str = "cpu"):
@@ -42,7 +43,7 @@ class EngineStats:
     """Counters of the worker; read them for tests and benchmarks (not thread-synchronised)."""
 
     prefills: int = 0
-    prefill_tokens: int = 0  # prompt tokens prefilled
+    prefill_tokens: int = 0  # prompt tokens prefilled (with a prefix cache: of those, some reused)
     prefill_sec: float = 0.0  # time in prefill forward passes (which run alone)
     decode_steps: int = 0  # decode forward passes
     decode_sec: float = 0.0  # time in decode forward passes
@@ -136,6 +137,8 @@ class HFEngine:
         max_batch_size: int = 32,
         device: str = "cpu",
         prompt_lookup: int = 0,
+        prefix_cache_tokens: int = 0,
+        prefix_block: int = 64,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -144,6 +147,9 @@ class HFEngine:
         # Greedy requests feed up to this many tokens proposed from their own context per pass
         # (kv_batch.propose) and keep the ones the model agrees with; 0 = one token per pass.
         self.prompt_lookup = prompt_lookup
+        # Prefills reuse the keys and values of `prefix_block`-token prompt blocks an earlier
+        # prompt had, up to this many tokens held (obsspec/engines/prefix_cache.py); 0 = off.
+        self.prefix_cache = PrefixCache(prefix_block, prefix_cache_tokens) if prefix_cache_tokens else None
         self.device = torch.device(device)
         self.adapters = LoraAdapters(model.to(self.device).eval())
         self.tokenizer = tokenizer
@@ -292,6 +298,8 @@ class HFEngine:
                     self.adapters.unload(command.name)
             except Exception as exc:  # reported to the caller of load/unload_adapter
                 error = exc
+            if self.prefix_cache is not None:  # cached keys and values belong to the old weights
+                self.prefix_cache.clear()
             _resolve_soon(command.loop, command.future, None, error)
 
     def _drop_cancelled(self) -> None:
@@ -341,15 +349,20 @@ class HFEngine:
         if not request.greedy:
             r.generator = torch.Generator(device=self.device).manual_seed(request.seed)
         self.adapters.use(request.adapter)
-        cache = DynamicCache(config=self.model.config)
-        ids = torch.tensor([request.prompt_ids], device=self.device)
         t0 = time.perf_counter()
-        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        if self.prefix_cache is not None:
+            logits, cache = self.prefix_cache.prefill(self.model, request.prompt_ids, request.adapter,
+                                                      self.device)
+        else:
+            cache = DynamicCache(config=self.model.config)
+            ids = torch.tensor([request.prompt_ids], device=self.device)
+            logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True,
+                                logits_to_keep=1).logits[0, -1]
         self.stats.prefill_sec += time.perf_counter() - t0
         self.stats.prefills += 1
         self.stats.prefill_tokens += len(request.prompt_ids)
         r.position = len(request.prompt_ids)
-        return out.logits[0, -1], cache
+        return logits, cache
 
     def _batch_for(self, adapter: str | None) -> DecodeBatch:
         if not self.batch_invariant:

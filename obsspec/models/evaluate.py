@@ -274,7 +274,7 @@ async def _main_async(args) -> dict:
         sources = {"reference": reference_cases(fmt, rows, snapshots),
                    **{name: trajectory_cases(fmt, trs, snapshots) for name, trs in recorded.items()}}
         async with HFEngine(model, tokenizer, batch_invariant=False,
-                            prompt_lookup=recipe.world_model.prompt_lookup) as engine:
+                            **recipe.world_model.hf_options) as engine:
             for name, cases in sources.items():
                 results[f"world_model_{name}"] = await evaluate_world_model(
                     engine, fmt, cases, recipe.sandbox.output_cap,

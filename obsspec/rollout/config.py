@@ -66,6 +66,12 @@ class WorldModelConfig:
                                 "the latest earlier occurrence of its last 1-3 tokens: a listing "
                                 "copied from the snapshot), keeping those the model agrees with. "
                                 "Same greedy tokens, fewer passes; 0 = one token a pass.")
+    prefix_cache_tokens: int = doc(0, "hf engine: keep the keys and values of up to this many "
+                                      "prompt tokens, in 64-token blocks, and reuse them for any "
+                                      "later draft prompt that begins with the same blocks (the "
+                                      "episode's history, the group's snapshot). Prefill runs "
+                                      "block by block either way, so a draft never depends on "
+                                      "what was cached; 0 = off.")
 
     def __post_init__(self) -> None:
         check_engine("world_model", self.engine, self.server_url)
@@ -74,11 +80,23 @@ class WorldModelConfig:
         if self.prompt_lookup and self.engine != "hf":
             raise ValueError("world_model.prompt_lookup is the hf engine's; a vLLM server sets its own "
                              "speculative decoding (set prompt_lookup: 0)")
+        if self.prefix_cache_tokens < 0 or (self.prefix_cache_tokens and self.engine != "hf"):
+            raise ValueError("world_model.prefix_cache_tokens must be >= 0, and 0 with engine vllm "
+                             f"(a vLLM server caches prefixes itself; got {self.prefix_cache_tokens})")
+        if self.prefix_cache_tokens and self.prefix_cache_tokens < 64:
+            raise ValueError(f"world_model.prefix_cache_tokens must be 0 or at least one 64-token block "
+                             f"(got {self.prefix_cache_tokens})")
         if self.max_tokens < 1 or self.temperature < 0:
             raise ValueError("world_model.max_tokens must be >= 1 and world_model.temperature >= 0")
         if not 64 <= self.snapshot_tokens <= 32768:
             raise ValueError(f"world_model.snapshot_tokens must be between 64 and 32768 "
                              f"(got {self.snapshot_tokens})")
+
+    @property
+    def hf_options(self) -> dict:
+        """The hf engine's keyword arguments for drafting as this section says (rollout, training,
+        evaluation alike)."""
+        return {"prompt_lookup": self.prompt_lookup, "prefix_cache_tokens": self.prefix_cache_tokens}
 
 
 @dataclass(frozen=True)

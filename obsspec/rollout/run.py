@@ -91,9 +91,9 @@ def model_paths(recipe: Recipe, display: Display) -> tuple[str, str]:
     return policy, wm
 
 
-def make_engine(cfg, path: str, max_batch_size: int = 32, prompt_lookup: int = 0):
+def make_engine(cfg, path: str, max_batch_size: int = 32, **hf_options):
     """(engine, tokenizer) for a policy or world-model section: the engine the recipe names
-    (`prompt_lookup`: the world model's, for the hf engine)."""
+    (`hf_options`: the world model's `WorldModelConfig.hf_options`, for the hf engine)."""
     if cfg.engine == "vllm":
         from transformers import AutoTokenizer
 
@@ -105,7 +105,7 @@ def make_engine(cfg, path: str, max_batch_size: int = 32, prompt_lookup: int = 0
 
     model, tokenizer = load_pretrained(path, device=cfg.device)
     return HFEngine(model, tokenizer, batch_invariant=cfg.batch_invariant,
-                    max_batch_size=max_batch_size, device=cfg.device, prompt_lookup=prompt_lookup), tokenizer
+                    max_batch_size=max_batch_size, device=cfg.device, **hf_options), tokenizer
 
 
 def check_same_tokenizer(policy_tokenizer, wm_tokenizer, wm_path: str) -> None:
@@ -146,7 +146,7 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
             if m == "speculative":
                 if cfg.predictor == "world_model" and wm_engine is None:
                     wm = recipe.world_model
-                    wm_engine, wm_tokenizer = make_engine(wm, wm_path, prompt_lookup=wm.prompt_lookup)
+                    wm_engine, wm_tokenizer = make_engine(wm, wm_path, **wm.hf_options)
                     check_same_tokenizer(tokenizer, wm_tokenizer, wm_path)
                     if adapter is not None:
                         await wm_engine.load_adapter(adapter.name, adapter.path)

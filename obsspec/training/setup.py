@@ -65,8 +65,7 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
     speculative = t.speculative and recipe.rollout.predictor != "none"
     wm_engine = predictor = None
     if speculative:
-        wm_engine, wm_tokenizer = make_engine(recipe.world_model, wm_path,
-                                               prompt_lookup=recipe.world_model.prompt_lookup)
+        wm_engine, wm_tokenizer = make_engine(recipe.world_model, wm_path, **recipe.world_model.hf_options)
         check_same_tokenizer(tokenizer, wm_tokenizer, wm_path)
         if adapter is not None:
             asyncio.run(wm_engine.load_adapter(adapter.name, adapter.path))

@@ -27,9 +27,9 @@ def with_latency_ratio(result: dict) -> dict:
 
 async def evaluate_models_async(model: Any, tokenizer: Any, cases: list, adapters: dict[str, str | None],
                                 *, cap: int, max_tokens: int, concurrency: int = 4,
-                                display: Display | None = None, prompt_lookup: int = 0) -> dict[str, dict]:
-    """label -> figures, for each label's adapter folder (None: the bare base); `prompt_lookup`:
-    as the recipe's world_model.prompt_lookup, so drafts are decoded as in the rollout."""
+                                display: Display | None = None, hf_options: dict | None = None) -> dict[str, dict]:
+    """label -> figures, for each label's adapter folder (None: the bare base); `hf_options`:
+    the recipe's `world_model.hf_options`, so drafts are decoded as in the rollout."""
     from obsspec.engines.hf import HFEngine
     from obsspec.models.evaluate import evaluate_world_model
     from obsspec.tokens import ChatFormat
@@ -37,7 +37,7 @@ async def evaluate_models_async(model: Any, tokenizer: Any, cases: list, adapter
     display = display or NullDisplay()
     fmt = ChatFormat(tokenizer)
     results: dict[str, dict] = {}
-    async with HFEngine(model, tokenizer, batch_invariant=False, prompt_lookup=prompt_lookup) as engine:
+    async with HFEngine(model, tokenizer, batch_invariant=False, **(hf_options or {})) as engine:
         for label, path in adapters.items():
             name = None
             if path is not None:

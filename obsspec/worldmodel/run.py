@@ -116,7 +116,7 @@ def evaluate(fmt, model, tokenizer, recipe: Recipe, sources: list[str], episodes
         cases = spread(cases, min(cfg.eval_limit, len(cases)))
     results = evaluate_models(model, tokenizer, cases, adapters, cap=recipe.sandbox.output_cap,
                               max_tokens=cfg.eval_max_tokens or recipe.world_model.max_tokens,
-                              display=display, prompt_lookup=recipe.world_model.prompt_lookup) if cases else {}
+                              display=display, hf_options=recipe.world_model.hf_options) if cases else {}
     out = {"held_out_tasks": len({e.task_id for e in held}), "steps": len(cases),
            "duplicate_steps_removed": duplicates,
            "determinism_ceiling": data.determinism_ceiling(sources, held), "models": results}

@@ -38,8 +38,8 @@ from obsspec.tokens import ChatFormat
 
 async def one_setting(model, tokenizer, fmt, cases, recipe, cache_tokens: int, block: int,
                       draft_tokens: int) -> dict:
-    async with HFEngine(model, tokenizer, batch_invariant=False, prompt_lookup=recipe.world_model.prompt_lookup,
-                        prefix_cache_tokens=cache_tokens, prefix_block=block) as engine:
+    options = {**recipe.world_model.hf_options, "prefix_cache_tokens": cache_tokens}
+    async with HFEngine(model, tokenizer, batch_invariant=False, prefix_block=block, **options) as engine:
         t0 = time.monotonic()
         result = await evaluate_world_model(engine, fmt, cases, recipe.sandbox.output_cap, draft_tokens)
         wall = time.monotonic() - t0

@@ -2,14 +2,14 @@
 
 A world model's prompts repeat themselves: every draft of an episode starts with the episode's
 whole history so far (DESIGN.md section 2, step 3), and every episode of a GRPO group starts with
-the same workspace snapshot and instruction. Prefill, not decode, then takes most of a draft's
-time (docs/WORLDMODEL.md). This cache keeps the keys and values of prompt *blocks* (`block`
+the same workspace snapshot and instruction. In one profile of a snapshot world model, prefill took
+more of the drafts' time than decode (docs/WORLDMODEL.md); measured gains: docs/ENGINES.md. This cache keeps the keys and values of prompt *blocks* (`block`
 tokens each) and reuses them for any later prompt that begins with the same tokens.
 
 Prefill always runs block by block, cached or not, so a prompt's result never depends on what
 happened to be cached: block i is computed from the same past keys and values, by the same
 operations on tensors of the same shapes, whether blocks 0..i-1 came from the cache or were just
-computed. Cold and warm prefills are bit-identical (tests/test_prefix_cache.py). The tokens after
+computed. Cold and warm prefills are bit-identical (tests/test_engines.py). The tokens after
 the last whole block (at least one, so that there are logits to sample from) run fresh each time.
 
 A block is found by (id of the block before it, its own tokens): an exact key, no hashing. The

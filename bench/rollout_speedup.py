@@ -4,6 +4,7 @@
         [--latencies 0.3,1,3] [--predictors world_model,history,oracle] [--reps 3] [--warmup 1]
         [--threads 0]
         [--plot out.png] [--out result.json] [key=value ...]
+    A predictor name may carry an option: world_model:busy2 runs with rollout.busy_limit=2.
 
 For each EMULATED tool latency median (log-normal, on top of the real sandbox time) and each
 repetition it runs the same episodes (tasks x seeds) as: sequential, every predictor's
@@ -144,8 +145,8 @@ class Bench:
         self.policy, tokenizer = make_engine(base.policy, policy_path)
         self.fmt = ChatFormat(tokenizer)
         self.wm_engine = None
-        if "world_model" in self.args.predictors:
-            self.wm_engine, _ = make_engine(base.world_model, wm_path)
+        if any(split_name(n)[0] == "world_model" for n in self.args.predictors):
+            self.wm_engine, _ = make_engine(base.world_model, wm_path, **base.world_model.hf_options)
         p = base.policy
         self.sampling = make_sampling(p, base.rollout.seed)
         self.base = base
@@ -155,12 +156,13 @@ class Bench:
         if self.wm_engine is not None:
             self.wm_engine.close()
 
-    async def run(self, recipe, predictor=None):
+    async def run(self, recipe, predictor=None, busy_limit: int | None = None):
         bus, metrics, timings = EventBus(), SpecMetrics(), Timings()
         bus.subscribe(metrics)
         bus.subscribe(timings)
+        busy = recipe.rollout.busy_limit if busy_limit is None else busy_limit
         sched = Scheduler(self.policy, self.fmt, bus, self.sampling, cap=recipe.sandbox.output_cap,
-                          predictor=predictor, depth=recipe.rollout.depth)
+                          predictor=predictor, depth=recipe.rollout.depth, busy_limit=busy)
         before = engine_counts(self.policy)
         trajs = await sched.run_batch(self.episodes, tool_factory(recipe, None), predictor is not None,
                                       concurrency=recipe.rollout.concurrency)
@@ -168,7 +170,7 @@ class Bench:
         return trajs, metrics, timings, {k: after[k] - before[k] for k in after}
 
     def predictor(self, name: str, recorded):
-        kind = "oracle" if name == "never_matches" else name
+        kind = "oracle" if name == "never_matches" else split_name(name)[0]
         r = self.recipe(f"rollout.predictor={kind}")
         p = _predictor(r, self.fmt, self.wm_engine, recorded, None, self.episodes)
         return Corrupting(p, every=1) if name == "never_matches" else p
@@ -178,7 +180,7 @@ class Bench:
         seq_a = await self.run(recipe)
         specs = {}
         for name in (names if rep % 2 == 0 else names[::-1]):
-            specs[name] = await self.run(recipe, self.predictor(name, recorded or seq_a[0]))
+            specs[name] = await self.run(recipe, self.predictor(name, recorded or seq_a[0]), split_name(name)[1])
         seq_b = await self.run(recipe)
         aa = compare(seq_a[0], seq_b[0])
         all_eps = {t.episode for t in seq_a[0]}
@@ -204,6 +206,7 @@ class Bench:
                          # much the engine's load changed (hidden work also relieves it).
                          "G0_seq": first_turn_gen(seq_a[2], keep), "G0_spec": first_turn_gen(timings, keep),
                          "exact_frac": summary["spec/exact_frac"], "exec_won_frac": summary["spec/exec_won_frac"],
+                         "skipped_frac": summary["spec/skipped_frac"] or 0.0,
                          "policy_tokens_discarded": summary["spec/policy_tokens_discarded"],
                          # for the simulator: what the episodes were, and what the engine computed
                          "latency_mean_seq_s": base / len(keep) if keep else 0.0,
@@ -211,6 +214,17 @@ class Bench:
                          "shape": workload_shape(seq_a[0], keep),
                          "engine_seq": seq_a[3], "engine_spec": specs[name][3], "engine_seq_b": seq_b[3]})
         return rows
+
+
+def split_name(name: str) -> tuple[str, int | None]:
+    """'world_model:busy2' -> ('world_model', 2); without the option the recipe's busy_limit holds."""
+    kind, *options = name.split(":")
+    busy = None
+    for o in options:
+        if not (o.startswith("busy") and o[4:].isdigit()):
+            raise SystemExit(f"unknown predictor option {o!r} in {name!r} (busyN, e.g. busy2)")
+        busy = int(o[4:])
+    return kind, busy
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
@@ -227,6 +241,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
             row.update({"bound_reduction": b, "measured_over_bound": red["mean"] / b if b > 1e-3 else None,
                         **{k: statistics.fmean(r.get(k, 0.0) for r in rs) for k in ("a", "T", "G", "W", "G0_seq", "G0_spec")},
                         "exec_won_frac": statistics.fmean(r["exec_won_frac"] or 0.0 for r in rs),
+                        "skipped_frac": statistics.fmean(r.get("skipped_frac", 0.0) for r in rs),
                         "differing_first_in_action": sum(len(r["differing_first_in_action"]) for r in rs)})
         out.append(row)
     return out

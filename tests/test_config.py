@@ -55,6 +55,7 @@ def test_reset_override_restores_default(tmp_path):
     ("", ["policy.max_turns=0"], "policy.max_turns must be >= 1"),
     ("", ["policy.top_p=-3"], "policy.top_p in (0, 1]"),
     ("", ["rollout.concurrency=-4"], "rollout.concurrency must be >= 0"),
+    ("", ["rollout.busy_limit=-1"], "rollout.busy_limit must be >= 0"),
     ("", ["sandbox.hostname="], "sandbox.hostname must be a host name"),
     ("", ["sandbox.turn_seconds=-100"], "sandbox.turn_seconds must be >= 0"),
 ])

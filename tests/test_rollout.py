@@ -54,14 +54,17 @@ class Recording:
 
 
 def run(task_list, speculative, predictor=None, group=1, executed=None, token_delay=0.0005, depth=1,
-        latency=LATENCY):
+        latency=LATENCY, busy_limit=0, concurrency=0, sched_out=None):
     tok = ByteTokenizer()
     fmt = ChatFormat(tok)
     policy = ScriptedPolicy(tok, COMMANDS, token_delay=token_delay)
     bus = EventBus()
     rec = Recording()
     bus.subscribe(rec)
-    sched = Scheduler(policy, fmt, bus, SAMPLING, cap=SANDBOX.output_cap, predictor=predictor, depth=depth)
+    sched = Scheduler(policy, fmt, bus, SAMPLING, cap=SANDBOX.output_cap, predictor=predictor, depth=depth,
+                      busy_limit=busy_limit)
+    if sched_out is not None:
+        sched_out.append(sched)
     episodes = [t for t in task_list for _ in range(group)]
 
     def make_tool(task, episode):
@@ -76,7 +79,7 @@ def run(task_list, speculative, predictor=None, group=1, executed=None, token_de
             tool.run = run_and_record
         return tool
 
-    trajs = asyncio.run(sched.run_batch(episodes, make_tool, speculative))
+    trajs = asyncio.run(sched.run_batch(episodes, make_tool, speculative, concurrency=concurrency))
     return trajs, rec, policy
 
 
@@ -145,6 +148,37 @@ def test_lossless_when_the_tool_always_wins(baseline):
     assert_lossless(seq, spec)
     assert rec.kinds()["exec_won"] > 50 and rec.kinds()["match"] == 0
     assert_accounted(rec)
+
+
+def test_a_busy_engine_skips_speculation_and_stays_lossless(baseline):
+    ts, seq = baseline
+    scheds = []
+    # 50 episodes at once, with actions slower than the tool: most of them are generating at any
+    # moment, so a limit of 40 skips some commands and speculates on others
+    spec, rec, _ = run(ts, speculative=True, predictor=oracle_from(ts, seq, 5), group=5,
+                       busy_limit=40, sched_out=scheds)
+    assert_lossless(seq, spec)
+    skipped = [e for e in rec.events if e.kind == "spec_skipped"]
+    assert skipped and all(e.data["busy"] >= 40 for e in skipped)
+    assert rec.kinds()["match"] > 0, "an idle moment should still have been speculated on"
+    summary = SpecMetrics()
+    for e in rec.events:
+        summary(e)
+    s = summary.summary()
+    assert s["spec/skipped_frac"] == len(skipped) / (len(skipped) + rec.kinds()["wm_start"])
+    skipped_turns = {(e.episode, e.turn) for e in skipped}
+    assert all(t.spec == "skipped" for tr in spec for i, t in enumerate(tr.turns)
+               if (tr.episode, i) in skipped_turns)
+    assert scheds[0].busy == 0, "the count of committed generations in flight leaked"
+    assert_accounted(rec)
+
+
+def test_one_episode_at_a_time_is_never_too_busy_to_speculate(baseline):
+    few = baseline[0][:2]
+    seq, _, _ = run(few, speculative=False, concurrency=1)
+    spec, rec, _ = run(few, speculative=True, predictor=oracle_from(few, seq), busy_limit=1, concurrency=1)
+    assert_lossless(seq, spec)
+    assert rec.kinds()["spec_skipped"] == 0 and rec.kinds()["match"] > 0
 
 
 class WrongThenRight:

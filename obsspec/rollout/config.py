@@ -110,6 +110,11 @@ class RolloutConfig:
     num_tasks: int = doc(8, "Tasks taken from the split, spread evenly over it (so over its families).")
     group_size: int = doc(4, "Episodes per task (a GRPO group: same task, different seeds).")
     concurrency: int = doc(0, "Episodes running at once (0 = all).")
+    busy_limit: int = doc(0, "Do not speculate on a command while this many committed policy "
+                             "generations (or more) are in flight: a busy engine has no idle "
+                             "compute for speculation, and world-model drafts would take compute "
+                             "from committed work on a shared device. Timing only, never tokens; "
+                             "0 = always speculate.")
     tasks_dir: str = doc("", "A prepared suite; '' = RUN_DIR/tasks (prepared on first use).")
     kit_cache: str = doc(".cache/kit", "Where the tiny model kit is cached.")
     seed: int = doc(0, "Seed of the per-(episode, turn) sampling seeds.")
@@ -124,8 +129,9 @@ class RolloutConfig:
         for name in ("depth", "breadth", "num_tasks", "group_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1 (got {getattr(self, name)})")
-        if self.concurrency < 0:
-            raise ValueError(f"rollout.concurrency must be >= 0 (0 = all; got {self.concurrency})")
+        for name in ("concurrency", "busy_limit"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"rollout.{name} must be >= 0 (0 = no limit; got {getattr(self, name)})")
         if self.split not in ("train", "val"):
             raise ValueError("rollout.split must be train or val")
 

@@ -12,6 +12,8 @@ Kinds (data fields in brackets):
     match [request_id, pending]             the draft equals the real observation: kept
     rollback [drafts]                       no draft matched: speculative work cancelled
     exec_won [request_id]                   the tool finished before the world model
+    spec_skipped [busy]                     not speculated on: `busy` committed generations
+                                            were in flight (rollout.busy_limit)
     request_end [request_id, role, outcome, reason, tokens]   every request's fate:
                  outcome in {committed, cancelled, failed}
 """

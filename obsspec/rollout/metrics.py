@@ -7,6 +7,8 @@
                                 model that never closes an observation shows 0 %, not "-")
 - spec/exec_won_frac            world-model requests the tool beat / world-model requests
 - spec/rollback_frac            rollbacks / predictions that arrived before the tool
+- spec/skipped_frac             commands not speculated on because the engine was busy
+                                (rollout.busy_limit) / commands that could have been
 - spec/unusable_frac            arrivals with only unusable drafts / arrivals before the tool
 - spec/wm_sec_mean, tool_sec_mean, spec/wm_tool_ratio
                                 mean draft time (start -> drafts), mean tool time, their ratio
@@ -144,6 +146,8 @@ class SpecMetrics:
             "spec/exact_frac": c["match"] / in_time if in_time else None,
             "spec/exec_won_frac": c["exec_won"] / wm if wm else None,
             "spec/rollback_frac": c["rollback"] / in_time if in_time else None,
+            "spec/skipped_frac": (c["spec_skipped"] / (c["spec_skipped"] + wm)
+                                  if c["spec_skipped"] + wm else None),
             "spec/unusable_frac": self.arrived_unusable / in_time if in_time else None,
             "spec/no_draft": max(0, c["wm_draft"] - in_time),
             "spec/wm_sec_mean": wm_mean, "tool_sec_mean": tool_mean,

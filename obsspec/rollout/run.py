@@ -108,6 +108,14 @@ def make_engine(cfg, path: str, max_batch_size: int = 32, **hf_options):
                     max_batch_size=max_batch_size, device=cfg.device, **hf_options), tokenizer
 
 
+def world_model_engine(recipe, wm_path: str, policy_tokenizer):
+    """The world model's engine as the recipe says, checked against the policy's tokenizer."""
+    wm = recipe.world_model
+    engine, tokenizer = make_engine(wm, wm_path, **wm.hf_options)
+    check_same_tokenizer(policy_tokenizer, tokenizer, wm_path)
+    return engine
+
+
 def check_same_tokenizer(policy_tokenizer, wm_tokenizer, wm_path: str) -> None:
     """Exact match compares token ids: the world model must share the policy's tokenizer."""
     if policy_tokenizer.get_vocab() != wm_tokenizer.get_vocab():
@@ -145,9 +153,7 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
             predictor = None
             if m == "speculative":
                 if cfg.predictor == "world_model" and wm_engine is None:
-                    wm = recipe.world_model
-                    wm_engine, wm_tokenizer = make_engine(wm, wm_path, **wm.hf_options)
-                    check_same_tokenizer(tokenizer, wm_tokenizer, wm_path)
+                    wm_engine = world_model_engine(recipe, wm_path, tokenizer)
                     if adapter is not None:
                         await wm_engine.load_adapter(adapter.name, adapter.path)
                 predictor = _predictor(recipe, fmt, wm_engine, results.get("sequential"), recorded, episodes,
@@ -158,7 +164,7 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
             bus.subscribe(metrics)
             bus.subscribe(trace)
             sched = Scheduler(policy, fmt, bus, settings, cap=recipe.sandbox.output_cap, predictor=predictor,
-                              depth=recipe.rollout.depth)
+                              depth=recipe.rollout.depth, busy_limit=cfg.busy_limit)
             live.start(metrics, len(episodes), f"{m} rollout", speculative=m == "speculative")
             try:
                 results[m] = await sched.run_batch(

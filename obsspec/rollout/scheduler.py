@@ -14,6 +14,12 @@ tool finishes, the real observation's body token ids are compared with each draf
 Speculative actions are never executed: only committed actions reach the tool. Every speculative
 request ends in a `request_end` event: committed, cancelled (with a reason) or failed.
 
+Load: speculation only pays for itself in compute the committed work leaves idle. With
+`busy_limit` N > 0, a command is not speculated on (`spec_skipped`) while N or more committed
+policy generations are in flight: a saturated engine would run the speculative action only
+after the tool anyway, and the world model's drafts would take compute from committed work when
+the two share a device. Skipping changes timing only, never tokens.
+
 Breadth k = the predictor's number of drafts. Depth d: a speculative action that is a `bash`
 call is itself given a draft observation and a speculative next action, up to d turns ahead of
 the committed history; a match at turn t carries the speculation made for turn t+1 forward, and
@@ -76,12 +82,15 @@ class _Speculation:
 
 class Scheduler:
     def __init__(self, policy, fmt, bus: EventBus, sampling: Sampling, cap: int,
-                 predictor: Predictor | None = None, depth: int = 1, adapter: str | None = None):
-        if depth < 1:
-            raise ValueError("speculation depth must be >= 1")
+                 predictor: Predictor | None = None, depth: int = 1, adapter: str | None = None,
+                 busy_limit: int = 0):
+        if depth < 1 or busy_limit < 0:
+            raise ValueError("speculation depth must be >= 1 and busy_limit >= 0")
         self.policy, self.fmt, self.bus, self.sampling = policy, fmt, bus, sampling
         self.cap, self.predictor, self.depth = cap, predictor, depth
         self.adapter = adapter  # the policy's LoRA version on its engine (None: the model as served)
+        self.busy_limit = busy_limit  # 0: always speculate
+        self.busy = 0  # committed policy generations in flight, over all episodes
         self._wm_ids = itertools.count()
 
     # -- one episode ------------------------------------------------------------------------------
@@ -123,12 +132,17 @@ class Scheduler:
                 commands.append(action.command)
                 request = PredictRequest(task_key, task.task_id, episode, turn, tuple(commands),
                                          tuple(traj.ids) + tuple(fmt.obs_prefix_ids), task)
-                if speculative and self.predictor is not None:
+                speculate = speculative and self.predictor is not None
+                if speculate and carried is None and 0 < self.busy_limit <= self.busy:
+                    self.bus.emit("spec_skipped", episode, turn, busy=self.busy)
+                    speculate = False
+                if speculate:
                     branch = carried or scope.spawn(self._branch(list(traj.ids), request, self.depth, scope))
                     carried = None
                     result, pending, outcome = await self._speculate(scope, branch, tool, action, episode, turn)
                 else:
-                    result, outcome = await self._execute(tool, action, episode, turn), ""
+                    result = await self._execute(tool, action, episode, turn)
+                    outcome = "skipped" if speculative and self.predictor is not None else ""
                 if self.predictor is not None:
                     self.predictor.learn(request, result.body)
                 ids, body = fmt.observation_ids(result.body)
@@ -196,7 +210,11 @@ class Scheduler:
                         request: GenerationRequest | None = None) -> Generation:
         request = request or self._request(prompt_ids, episode, turn)
         self.bus.emit("policy_start", episode, turn, request_id=request.request_id, speculative=speculative)
-        gen = await self.policy.generate(request)
+        self.busy += not speculative
+        try:
+            gen = await self.policy.generate(request)
+        finally:
+            self.busy -= not speculative
         self.bus.emit("policy_done", episode, turn, request_id=request.request_id,
                       tokens=len(gen.token_ids), speculative=speculative)
         return gen
@@ -246,9 +264,15 @@ class Scheduler:
         promote = getattr(self.policy, "promote", None)
         if matched.task is not None and promote is not None:
             promote(matched.request_id)  # it is committed work now
+        if matched.task is not None and not matched.task.done():
+            self.busy += 1
+            matched.task.add_done_callback(self._idle_one)
         self.bus.emit("match", episode, turn, request_id=matched.request_id, draft_tokens=matched.draft.tokens,
                       pending=matched.task is not None and not matched.task.done())
         return result, (matched if matched.task is not None else None), "match"
+
+    def _idle_one(self, _task: asyncio.Task) -> None:
+        self.busy -= 1
 
     async def _branch(self, prefix_ids: list[int], request: PredictRequest, depth: int,
                       scope: EpisodeScope | None = None) -> list[_Speculation]:

@@ -24,7 +24,7 @@ class Turn:
     observation: str = ""       # the observation body appended after the action
     exit_code: int | None = None
     tool_sec: float = 0.0       # the tool's latency (real + emulated) for this turn
-    spec: str = ""              # '' (not speculated) | match | rollback | exec_won | no_draft
+    spec: str = ""              # '' (not speculated) | match | rollback | exec_won | no_draft | skipped (busy)
 
 
 @dataclass

@@ -52,6 +52,7 @@ class RolloutSettings:
     episodes_per_step: int         # over all processes
     make_tool: object              # (task, episode) -> Tool
     concurrency: int = 0
+    busy_limit: int = 0            # rollout.busy_limit
 
 
 @dataclass
@@ -153,7 +154,7 @@ class Rollouts:
         bus.subscribe(trace)
         sched = Scheduler(self.policy, self.fmt, bus, s.sampling, cap=s.cap,
                           predictor=self.predictor if s.speculative else None, depth=s.depth,
-                          adapter=self.policy_adapter)
+                          adapter=self.policy_adapter, busy_limit=s.busy_limit)
         t0 = time.monotonic()
         cache_before = (getattr(self.predictor, "lookups", 0), getattr(self.predictor, "hits", 0))
         self.live.start(metrics, len(tasks), label or f"step {step} rollouts", speculative=s.speculative)

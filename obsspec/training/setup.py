@@ -36,8 +36,8 @@ EVAL_EPISODES = 10**9  # val episodes are numbered from here: the same seeds bef
 
 
 def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRun":
-    from obsspec.rollout.run import (check_same_tokenizer, ensure_tasks, make_engine, model_paths,
-                                     tool_factory, world_model_predictor)
+    from obsspec.rollout.run import (ensure_tasks, make_engine, model_paths, tool_factory,
+                                     world_model_engine, world_model_predictor)
     from obsspec.tokens import ChatFormat
     from obsspec.training.grpo import TrainError
     from obsspec.worldmodel.adapters import resolve_adapter
@@ -65,8 +65,7 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
     speculative = t.speculative and recipe.rollout.predictor != "none"
     wm_engine = predictor = None
     if speculative:
-        wm_engine, wm_tokenizer = make_engine(recipe.world_model, wm_path, **recipe.world_model.hf_options)
-        check_same_tokenizer(tokenizer, wm_tokenizer, wm_path)
+        wm_engine = world_model_engine(recipe, wm_path, tokenizer)
         if adapter is not None:
             asyncio.run(wm_engine.load_adapter(adapter.name, adapter.path))
         predictor = world_model_predictor(recipe, fmt, wm_engine, adapter.name if adapter else None, t.seed)
@@ -76,7 +75,7 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
         sampling=sampling(recipe.policy, t.seed), cap=recipe.sandbox.output_cap,
         speculative=speculative, depth=recipe.rollout.depth, episodes_per_step=t.episodes_per_step,
         make_tool=tool_factory(recipe, None),
-        concurrency=recipe.rollout.concurrency)
+        concurrency=recipe.rollout.concurrency, busy_limit=recipe.rollout.busy_limit)
     by_id = {task.task_id: task for task in train}
     rollouts = Rollouts(by_id, settings, policy_engine, fmt, predictor, out_dir,
                         rank=state.process_index, live=live)
@@ -200,6 +199,7 @@ class TrainingRun:
                 "eval": evals, "wm_version": self.cotrainer.version if self.cotrainer else None,
                 "infra_failures": sum(r.get("infra_failures", 0) or 0 for r in rows),
                 "hit_rate_mean": mean_of([r.get("spec/exact_frac") for r in rows]),
+                "skipped_frac_mean": mean_of([r.get("spec/skipped_frac") for r in rows]),
                 "latency_saved_sec": saved, "rollout_sec": rollout_sec,
                 "latency_saved_frac": mean_of([r.get("latency_saved_frac") for r in rows]),
                 "success_by_kind": _kind_thirds(rows, third)}
@@ -251,7 +251,7 @@ def _step_line(row: dict, steps: int) -> str:
         return "-" if v is None else f"{100 * v:.0f}%"
 
     return (f"step {row['step']}/{steps}: reward {row.get('reward', 0):.3f}, success {pct('success_frac')}, "
-            f"hit rate {pct('spec/exact_frac')}, hidden ~{row.get('latency_saved_sec', 0):.1f}s "
+            f"hit rate {pct('spec/exact_frac')}, busy, not speculated {pct('spec/skipped_frac')}, hidden ~{row.get('latency_saved_sec', 0):.1f}s "
             f"(est. {pct('latency_saved_frac')} of rollout time), infra failures {row.get('infra_failures', 0)}")
 
 

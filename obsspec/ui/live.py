@@ -63,6 +63,7 @@ class RichLive:
                 f"hit rate {_fmt(s.get('spec/exact_frac'), True)}",
                 f"exec_won {_fmt(s.get('spec/exec_won_frac'), True)}",
                 f"rollbacks {_fmt(s.get('spec/rollback_frac'), True)}",
+                f"busy, not speculated {_fmt(s.get('spec/skipped_frac'), True)}",
                 latency,
                 # overlapped generation, an estimate: the net is what `obsspec rollout --mode both` measures
                 f"hidden ~{s.get('latency_saved_sec', 0.0):.1f}s ({_fmt(s.get('latency_saved_frac'), True)}, est.)",
@@ -104,6 +105,7 @@ class PlainLive:
         if self.speculative:
             line += (f", hit rate {_fmt(s['spec/exact_frac'], True)}, exec_won "
                      f"{_fmt(s['spec/exec_won_frac'], True)}, rollbacks {_fmt(s['spec/rollback_frac'], True)}, "
+                     f"busy, not speculated {_fmt(s['spec/skipped_frac'], True)}, "
                      f"hidden ~{s['latency_saved_sec']:.1f}s (est. {_fmt(s['latency_saved_frac'], True)} of rollout time)")
         print(line, file=sys.stderr, flush=True)
 

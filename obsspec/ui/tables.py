@@ -23,6 +23,7 @@ ROWS = [  # (label, key, as percentage)
     ("hit rate (spec/exact_frac)", "spec/exact_frac", True),
     ("exec_won", "spec/exec_won_frac", True),
     ("rollbacks", "spec/rollback_frac", True),
+    ("not speculated: engine busy", "spec/skipped_frac", True),
     ("arrived, all drafts unusable", "spec/unusable_frac", True),
     ("drafts unusable (never closed)", "spec/wm_drafts_unusable", False),
     ("draft time, mean (s)", "spec/wm_sec_mean", False),
@@ -89,6 +90,7 @@ def print_training_table(summary: dict, latency) -> None:
         ("val success before training", cell(ev.get("before", {}).get("success_frac"), True)),
         ("val success after training", cell(ev.get("after", {}).get("success_frac"), True)),
         ("hit rate (mean over steps)", cell(summary.get("hit_rate_mean"), True)),
+        ("commands not speculated: engine busy (mean)", cell(summary.get("skipped_frac_mean"), True)),
         # overlapped generation: it leaves out what the world model's own compute slows down,
         # which on a shared CPU can outweigh it (docs/WORLDMODEL.md); --mode both measures the net
         ("rollout time hidden by speculation (s, estimate)", cell(summary.get("latency_saved_sec"))),

@@ -132,17 +132,17 @@ class Scheduler:
                 commands.append(action.command)
                 request = PredictRequest(task_key, task.task_id, episode, turn, tuple(commands),
                                          tuple(traj.ids) + tuple(fmt.obs_prefix_ids), task)
-                speculate = speculative and self.predictor is not None
-                if speculate and carried is None and 0 < self.busy_limit <= self.busy:
+                eligible = speculative and self.predictor is not None
+                skip = eligible and carried is None and 0 < self.busy_limit <= self.busy
+                if skip:
                     self.bus.emit("spec_skipped", episode, turn, busy=self.busy)
-                    speculate = False
-                if speculate:
+                if eligible and not skip:
                     branch = carried or scope.spawn(self._branch(list(traj.ids), request, self.depth, scope))
                     carried = None
                     result, pending, outcome = await self._speculate(scope, branch, tool, action, episode, turn)
                 else:
                     result = await self._execute(tool, action, episode, turn)
-                    outcome = "skipped" if speculative and self.predictor is not None else ""
+                    outcome = "skipped" if skip else ""
                 if self.predictor is not None:
                     self.predictor.learn(request, result.body)
                 ids, body = fmt.observation_ids(result.body)

@@ -253,6 +253,16 @@ def test_data_finds_the_tasks_and_puts_the_snapshot_ahead_of_rows_and_cases(fmt,
                for x, y in zip(cases_off, cases_on))
     with pytest.raises(data.DataError, match=f"needs each episode's task, and '{b.task_id}' has none"):
         data.snapshot_table(episodes, {a.task_id: a}, S.WorkspaceSnapshots(fmt, 256, SANDBOX))
+    # a second suite prepared with another seed reuses the ids for other tasks: loud, not a mix-up
+    other = tmp_path / "other-suite"
+    other.mkdir()
+    twin = builtin_task("dir-stats", 1, seed=7)
+    assert twin.task_id == a.task_id and twin.files != a.files
+    (other / "train.jsonl").write_text(json.dumps(twin.to_dict()) + "\n")
+    (other / "trajectories.jsonl").write_text((suite / "trajectories.jsonl").read_text())
+    assert set(data.source_tasks([str(suite), str(suite)])) == {a.task_id}
+    with pytest.raises(data.DataError, match=f"task id '{a.task_id}' names two different tasks"):
+        data.source_tasks([str(suite), str(other)])
 
 
 def test_a_budget_that_does_not_fit_is_one_line_from_the_cli():

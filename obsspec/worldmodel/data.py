@@ -174,20 +174,32 @@ def eval_cases(fmt, episodes: list[Episode], snapshots: dict[str, list[int]] | N
 def source_tasks(paths: list[str] | tuple[str, ...]) -> dict[str, Task]:
     """task_id -> Task for the episodes of `paths`: a suite's train/val.jsonl, a rollout run's
     episodes.jsonl (also of each step of a train run), found next to the trajectory files."""
-    from obsspec.env.suite import load_tasks
+    from obsspec.env.suite import identity, load_tasks
 
     tasks: dict[str, Task] = {}
+    found_in: dict[str, str] = {}
+
+    def add(found: list[Task], where: str) -> None:
+        for t in found:
+            old = tasks.get(t.task_id)
+            if old is not None and identity(old) != identity(t):
+                # Suites prepared with other seeds reuse ids (dir-stats-00000 ...): a silent
+                # overwrite would put one task's workspace ahead of another task's episodes.
+                raise DataError(f"task id {t.task_id!r} names two different tasks ({found_in[t.task_id]} "
+                                f"and {where}): give sources of one suite to one run (e.g. --data for "
+                                "one suite, --eval-on for the other)")
+            tasks[t.task_id], found_in[t.task_id] = t, where
+
     for path in paths:
         for file in source_files(path):
             folder = os.path.dirname(file)
             for name in ("train.jsonl", "val.jsonl"):
                 if os.path.exists(os.path.join(folder, name)):
-                    tasks.update((t.task_id, t) for t in load_tasks(os.path.join(folder, name)))
+                    add(load_tasks(os.path.join(folder, name)), os.path.join(folder, name))
             eps = os.path.join(folder, "episodes.jsonl")
             if os.path.exists(eps):
                 with open(eps) as f:
-                    tasks.update((t.task_id, t) for t in
-                                 (Task.from_dict(json.loads(line)["task"]) for line in f if line.strip()))
+                    add([Task.from_dict(json.loads(line)["task"]) for line in f if line.strip()], eps)
     return tasks
 
 

@@ -20,7 +20,7 @@ from obsspec.env.sandbox import SandboxConfig
 from obsspec.env.suite import generate_builtin
 from obsspec.rollout.events import EventBus
 from obsspec.rollout.metrics import SpecMetrics
-from obsspec.rollout.predictors import Corrupting, Delayed, Draft, Oracle
+from obsspec.rollout.predictors import Corrupting, Delayed, Draft, Oracle, WithHistory
 from obsspec.rollout.scheduler import Sampling, Scheduler
 from obsspec.rollout.tools import EmulatedLatency, SandboxTool
 from obsspec.tokens import ChatFormat
@@ -279,6 +279,37 @@ def test_events_are_timestamped_and_ordered(baseline):
     times = [e.t for e in rec.events]
     assert times == sorted(times)
     assert rec.events[0].kind == "episode_start" and rec.events[-1].kind == "episode_end"
+
+
+class WrongWorldModel:
+    """A world model that always answers, always wrongly."""
+
+    name = "world_model"
+
+    async def predict(self, request):
+        return [Draft("no such output\n(exit_code=0)", tokens=5)]
+
+    def learn(self, request, body):
+        pass
+
+
+def test_cache_hits_cannot_hide_a_world_model_that_predicts_nothing(baseline):
+    """Group members repeat each other's commands, so a history cache ahead of the world model
+    hits; the world model's own hit rate stays apart, and here it is 0."""
+    ts, seq = baseline
+    # one episode at a time: each member finds what the earlier members of its group saw
+    spec, rec, _ = run(ts[:4], speculative=True, predictor=WithHistory(WrongWorldModel()), group=5,
+                       concurrency=1)
+    assert_lossless(seq[:20], spec)
+    m = SpecMetrics()
+    for e in rec.events:
+        m(e)
+    s = m.summary()
+    assert s["spec/hits_cache"] > 0 and s["spec/exact_frac_cache"] > 0.5, s
+    assert s["spec/hits_wm"] == 0 and s["spec/exact_frac_wm"] == 0.0, \
+        "the world model's own drafts never matched, yet its hit rate is not 0"
+    assert s["spec/exact_frac"] == pytest.approx(s["spec/hits_cache"] / m.drafts_in_time)
+    assert_accounted(rec)
 
 
 def test_metrics_of_two_processes_merge_into_those_of_all_episodes(baseline):

@@ -5,6 +5,11 @@
 - spec/exact_frac               matches / predictions that arrived before the tool, counting
                                 an arrival whose drafts were all unusable as a miss (so a world
                                 model that never closes an observation shows 0 %, not "-")
+- spec/exact_frac_wm, spec/exact_frac_cache, spec/hits_wm, spec/hits_cache
+                                the same split by who made the draft: the world model's own
+                                generations, or the history cache / oracle replay (instant; in
+                                training a GRPO group's members repeat each other's commands), so
+                                cache hits cannot hide a world model that predicts nothing
 - spec/exec_won_frac            world-model requests the tool beat / world-model requests
 - spec/rollback_frac            rollbacks / predictions that arrived before the tool
 - spec/skipped_frac             commands not speculated on because the engine was busy
@@ -55,6 +60,8 @@ class SpecMetrics:
         self.wm_tokens_matched = 0
         self.wm_drafts_unusable = 0
         self.arrived_unusable = 0            # predictions that arrived with nothing usable
+        self.in_time_by_source = Counter()   # draft source -> arrivals before the tool (as drafts_in_time)
+        self.matches_by_source = Counter()
         self.wm_sec: list[float] = []
         self.tool_sec: list[float] = []
         self._wm_started: dict[str, float] = {}
@@ -105,10 +112,15 @@ class SpecMetrics:
             self.wm_drafts_unusable += d.get("unusable", 0)
             if d["drafts"] == 0 and d.get("unusable", 0):
                 self.arrived_unusable += 1
+                self.in_time_by_source[d.get("source") or "world_model"] += 1
             if d["request_id"] in self._wm_started:
                 self.wm_sec.append(e.t - self._wm_started.pop(d["request_id"]))
         elif e.kind == "match":
             self.wm_tokens_matched += d.get("draft_tokens", 0)
+            self.matches_by_source[d.get("source", "world_model")] += 1
+            self.in_time_by_source[d.get("source", "world_model")] += 1
+        elif e.kind == "rollback":
+            self.in_time_by_source[d.get("source", "world_model")] += 1
         elif e.kind == "request_end":
             self.outcomes[(d["role"], d["outcome"])] += 1
             if d["role"] == "policy" and d["outcome"] == "cancelled":
@@ -129,6 +141,15 @@ class SpecMetrics:
     def drafts_in_time(self) -> int:
         return self.counts["match"] + self.counts["rollback"] + self.arrived_unusable
 
+    def _by_source(self) -> dict:
+        out = {}
+        for key, sources in (("wm", ("world_model",)), ("cache", ("history", "oracle"))):
+            hits = sum(self.matches_by_source[s] for s in sources)
+            in_time = sum(self.in_time_by_source[s] for s in sources)
+            out[f"spec/exact_frac_{key}"] = hits / in_time if in_time else None
+            out[f"spec/hits_{key}"] = hits
+        return out
+
     def summary(self) -> dict:
         c = self.counts
         wm = c["wm_start"]
@@ -144,6 +165,7 @@ class SpecMetrics:
             "reward_mean": statistics.fmean(rewards) if rewards else None,
             "infra_failures": sum(1 for r in self.rewards.values() if r is None),
             "spec/exact_frac": c["match"] / in_time if in_time else None,
+            **self._by_source(),
             "spec/exec_won_frac": c["exec_won"] / wm if wm else None,
             "spec/rollback_frac": c["rollback"] / in_time if in_time else None,
             "spec/skipped_frac": (c["spec_skipped"] / (c["spec_skipped"] + wm)

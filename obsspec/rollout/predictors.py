@@ -47,6 +47,9 @@ class PredictRequest:
 class Draft:
     body: str | None  # None: the generation never closed the observation (unusable, counted)
     tokens: int = 0   # world-model tokens it took (0 for instant predictors)
+    # who made it: "world_model", "history" (a group member or an earlier step saw it) or
+    # "oracle"; metrics keep the world model's own hit rate apart from the cache's
+    source: str = "world_model"
 
 
 class Predictor(Protocol):
@@ -94,7 +97,7 @@ class HistoryCache:
         if body is None:
             return []
         self._seen.move_to_end(key)
-        return [Draft(body)]
+        return [Draft(body, source=self.name)]
 
     def learn(self, request: PredictRequest, body: str) -> None:
         self._put((request.task_key, history_key(request.commands)), body)
@@ -217,7 +220,8 @@ class Corrupting:
     async def predict(self, request: PredictRequest) -> list[Draft]:
         drafts = await self.inner.predict(request)
         if (request.turn + request.episode) % self.every == 0:
-            drafts = [Draft(d.body and d.body.replace("(exit_code=", " (exit_code=", 1), d.tokens) for d in drafts]
+            drafts = [Draft(d.body and d.body.replace("(exit_code=", " (exit_code=", 1), d.tokens, d.source)
+                      for d in drafts]
         return drafts
 
     def learn(self, request: PredictRequest, body: str) -> None:

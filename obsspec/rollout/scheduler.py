@@ -259,7 +259,7 @@ class Scheduler:
             if spec is not matched:
                 await self._cancel(spec, "rollback" if matched is None else "other_draft")
         if matched is None:
-            self.bus.emit("rollback", episode, turn, drafts=len(specs))
+            self.bus.emit("rollback", episode, turn, drafts=len(specs), source=specs[0].draft.source)
             return result, None, "rollback"
         promote = getattr(self.policy, "promote", None)
         if matched.task is not None and promote is not None:
@@ -268,6 +268,7 @@ class Scheduler:
             self.busy += 1
             matched.task.add_done_callback(self._idle_one)
         self.bus.emit("match", episode, turn, request_id=matched.request_id, draft_tokens=matched.draft.tokens,
+                      source=matched.draft.source,
                       pending=matched.task is not None and not matched.task.done())
         return result, (matched if matched.task is not None else None), "match"
 
@@ -300,7 +301,7 @@ class Scheduler:
         drafts = self._distinct(raw)
         tokens = sum(d.tokens for d in raw)
         self.bus.emit("wm_draft", episode, turn, request_id=wm_id, drafts=len(drafts), tokens=tokens,
-                      unusable=sum(1 for d in raw if d.body is None))
+                      unusable=sum(1 for d in raw if d.body is None), source=raw[0].source if raw else "")
         self._end(wm_id, "wm", "committed", episode, turn, tokens=tokens)
         specs = []
         for k, (draft, ids, body) in enumerate(drafts):
@@ -398,7 +399,7 @@ class Scheduler:
             ids, span = self.fmt.observation_ids(body)
             if tuple(ids[span]) not in seen:
                 seen.add(tuple(ids[span]))
-                out.append((Draft(body, d.tokens), ids, span))
+                out.append((Draft(body, d.tokens, d.source), ids, span))
         return out
 
     # -- a batch ------------------------------------------------------------------------------------

@@ -199,6 +199,10 @@ class TrainingRun:
                 "eval": evals, "wm_version": self.cotrainer.version if self.cotrainer else None,
                 "infra_failures": sum(r.get("infra_failures", 0) or 0 for r in rows),
                 "hit_rate_mean": mean_of([r.get("spec/exact_frac") for r in rows]),
+                "wm_hit_rate_mean": mean_of([r.get("spec/exact_frac_wm") for r in rows]),
+                "cache_hit_rate_mean": mean_of([r.get("spec/exact_frac_cache") for r in rows]),
+                "wm_hits": sum(r.get("spec/hits_wm") or 0 for r in rows),
+                "cache_hits": sum(r.get("spec/hits_cache") or 0 for r in rows),
                 "skipped_frac_mean": mean_of([r.get("spec/skipped_frac") for r in rows]),
                 "latency_saved_sec": saved, "rollout_sec": rollout_sec,
                 "latency_saved_frac": mean_of([r.get("latency_saved_frac") for r in rows]),
@@ -250,8 +254,10 @@ def _step_line(row: dict, steps: int) -> str:
         v = row.get(k)
         return "-" if v is None else f"{100 * v:.0f}%"
 
+    busy = f", busy, not speculated {pct('spec/skipped_frac')}" if row.get("spec/skipped_frac") else ""
     return (f"step {row['step']}/{steps}: reward {row.get('reward', 0):.3f}, success {pct('success_frac')}, "
-            f"hit rate {pct('spec/exact_frac')}, busy, not speculated {pct('spec/skipped_frac')}, hidden ~{row.get('latency_saved_sec', 0):.1f}s "
+            f"hit rate {pct('spec/exact_frac')} (world model {pct('spec/exact_frac_wm')}, cache "
+            f"{pct('spec/exact_frac_cache')}){busy}, hidden ~{row.get('latency_saved_sec', 0):.1f}s "
             f"(est. {pct('latency_saved_frac')} of rollout time), infra failures {row.get('infra_failures', 0)}")
 
 

@@ -60,10 +60,11 @@ class RichLive:
             totals.add_row(latency)
         else:
             totals.add_row(
-                f"hit rate {_fmt(s.get('spec/exact_frac'), True)}",
+                f"hit rate {_fmt(s.get('spec/exact_frac'), True)} (world model "
+                f"{_fmt(s.get('spec/exact_frac_wm'), True)})",
                 f"exec_won {_fmt(s.get('spec/exec_won_frac'), True)}",
                 f"rollbacks {_fmt(s.get('spec/rollback_frac'), True)}",
-                f"busy, not speculated {_fmt(s.get('spec/skipped_frac'), True)}",
+                *([f"busy, not speculated {_fmt(s['spec/skipped_frac'], True)}"] if s.get("spec/skipped_frac") else []),
                 latency,
                 # overlapped generation, an estimate: the net is what `obsspec rollout --mode both` measures
                 f"hidden ~{s.get('latency_saved_sec', 0.0):.1f}s ({_fmt(s.get('latency_saved_frac'), True)}, est.)",
@@ -103,10 +104,10 @@ class PlainLive:
         s = self.metrics.summary()
         line = f"{self.title}: {s['episodes']}/{self.total} episodes"
         if self.speculative:
-            line += (f", hit rate {_fmt(s['spec/exact_frac'], True)}, exec_won "
-                     f"{_fmt(s['spec/exec_won_frac'], True)}, rollbacks {_fmt(s['spec/rollback_frac'], True)}, "
-                     f"busy, not speculated {_fmt(s['spec/skipped_frac'], True)}, "
-                     f"hidden ~{s['latency_saved_sec']:.1f}s (est. {_fmt(s['latency_saved_frac'], True)} of rollout time)")
+            busy = f"busy, not speculated {_fmt(s['spec/skipped_frac'], True)}, " if s["spec/skipped_frac"] else ""
+            line += (f", hit rate {_fmt(s['spec/exact_frac'], True)} (world model {_fmt(s['spec/exact_frac_wm'], True)}), "
+                     f"exec_won {_fmt(s['spec/exec_won_frac'], True)}, rollbacks {_fmt(s['spec/rollback_frac'], True)}, "
+                     f"{busy}hidden ~{s['latency_saved_sec']:.1f}s (est. {_fmt(s['latency_saved_frac'], True)} of rollout time)")
         print(line, file=sys.stderr, flush=True)
 
     def stop(self) -> None:

@@ -21,6 +21,8 @@ ROWS = [  # (label, key, as percentage)
     ("latency mean (s)", "latency_mean_sec", False),
     ("reward mean", "reward_mean", False),
     ("hit rate (spec/exact_frac)", "spec/exact_frac", True),
+    ("  world model's own drafts", "spec/exact_frac_wm", True),
+    ("  history cache / replay", "spec/exact_frac_cache", True),
     ("exec_won", "spec/exec_won_frac", True),
     ("rollbacks", "spec/rollback_frac", True),
     ("not speculated: engine busy", "spec/skipped_frac", True),
@@ -90,6 +92,11 @@ def print_training_table(summary: dict, latency) -> None:
         ("val success before training", cell(ev.get("before", {}).get("success_frac"), True)),
         ("val success after training", cell(ev.get("after", {}).get("success_frac"), True)),
         ("hit rate (mean over steps)", cell(summary.get("hit_rate_mean"), True)),
+        # the cache answers what a group member already saw: it must not hide the world model's own
+        ("  world model's own drafts (hits, mean hit rate)",
+         f"{cell(summary.get('wm_hits'))}, {cell(summary.get('wm_hit_rate_mean'), True)}"),
+        ("  history cache (hits, mean hit rate)",
+         f"{cell(summary.get('cache_hits'))}, {cell(summary.get('cache_hit_rate_mean'), True)}"),
         ("commands not speculated: engine busy (mean)", cell(summary.get("skipped_frac_mean"), True)),
         # overlapped generation: it leaves out what the world model's own compute slows down,
         # which on a shared CPU can outweigh it (docs/WORLDMODEL.md); --mode both measures the net

@@ -124,6 +124,24 @@ def test_a_name_keeps_its_token_ids_wherever_it_appears(tokenizer, name):
             f"not as {tokenizer.convert_ids_to_tokens(ids)}"
 
 
+def test_digit_runs_become_pieces_of_up_to_n_digits_and_names_keep_their_ids(tokenizer):
+    """kit.digits_per_token=3: a listing's `389` can be one token (copying a size is one step),
+    cut the same way in every context, and the text still round-trips byte for byte."""
+    texts = corpus_texts(ROWS) + ["-rw-r--r-- 1 agent agent 389 Jan  1 00:00 a.log\n"] * 4
+    three = train_tokenizer(texts, vocab_size=512, digits=3)
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode("389", add_special_tokens=False)) == ["3", "8", "9"]
+    assert three.convert_ids_to_tokens(three.encode("389", add_special_tokens=False)) == ["389"]
+    for text in ("389", " 389 ", "size=389\n", "x389y"):
+        ids = three.encode(text, add_special_tokens=False)
+        assert three.encode("389", add_special_tokens=False)[0] in ids, text
+    pieces = three.convert_ids_to_tokens(three.encode("1234567", add_special_tokens=False))
+    assert "".join(pieces) == "1234567" and all(len(p) <= 3 for p in pieces)
+    for text in ("report_2024-final.csv 4096 bytes", "héllo 12345 € 😀"):
+        assert three.decode(three.encode(text, add_special_tokens=False)) == text
+    ids = three.encode("onyx.zip", add_special_tokens=False)
+    assert ids == three.encode("/app/onyx.zip", add_special_tokens=False)[-len(ids):]
+
+
 def test_tokenizer_is_deterministic(tmp_path):
     texts = corpus_texts(ROWS)
     for name in ("a", "b"):
@@ -348,6 +366,7 @@ def test_the_cache_key_follows_config_and_corpus(tmp_path):
     key = kit.kit_key(suite, TINY, SANDBOX, SAMPLING)
     assert kit.kit_key(suite, TINY, SANDBOX, SAMPLING) == key
     assert kit.kit_key(suite, dataclasses.replace(TINY, seed=1), SANDBOX, SAMPLING) != key
+    assert kit.kit_key(suite, dataclasses.replace(TINY, digits_per_token=3), SANDBOX, SAMPLING) != key
     assert kit.kit_key(write_suite(tmp_path / "b", ROWS[:-1]), TINY, SANDBOX, SAMPLING) != key
     # Without rollouts the policy's sampling does not shape the kit; with them it does.
     hotter = dataclasses.replace(SAMPLING, temperature=0.5)

@@ -45,6 +45,12 @@ class KitConfig:
 
     vocab_size: int = doc(4096, "Size of the byte-level BPE vocabulary trained on the task corpus "
                                  "(special tokens included).")
+    digits_per_token: int = doc(1, "Longest run of digits one token may hold (1..3, cut from the "
+                                   "left): 1 spells every number digit by digit; 3 lets `389` be one "
+                                   "token, so copying a file size out of a listing is one step, not "
+                                   "three whose order the tiny world model must get right (a copy probe "
+                                   "learned 3.4x lower loss at equal steps; docs/WORLDMODEL.md). "
+                                   "Changes every id: the warm start needs re-tuning with it.")
     max_length: int = doc(2048, "Longest training sequence in tokens; longer trajectories are "
                                  "dropped (and counted). Also the models' position limit.")
     seed: int = doc(0, "Seed of model initialisation and data order.")
@@ -76,5 +82,7 @@ class KitConfig:
         if self.rollouts < 0 or self.rollout_workers < 1 or self.world_model_tasks < 0 or self.mistakes < 0:
             raise ValueError("kit.rollouts, kit.world_model_tasks and kit.mistakes must be >= 0 "
                              "and kit.rollout_workers >= 1")
+        if not 1 <= self.digits_per_token <= 3:
+            raise ValueError(f"kit.digits_per_token must be 1, 2 or 3, got {self.digits_per_token}")
         if self.max_length < 64:
             raise ValueError(f"max_length must be >= 64, got {self.max_length}")

@@ -83,8 +83,8 @@ def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sa
     rollouts = {"sandbox": dataclasses.asdict(sandbox), "sampling": dataclasses.asdict(sampling)} \
         if cfg.rollouts else None
     config = dataclasses.asdict(cfg)
-    for name in ("world_model_tasks", "mistakes"):  # (absent when off: older kits keep their key)
-        if not config[name]:
+    for name, off in (("world_model_tasks", 0), ("mistakes", 0), ("digits_per_token", 1)):
+        if config[name] == off:  # (absent when off: older kits keep their key)
             del config[name]
     key = {"format": KIT_FORMAT, "config": config, "corpus": corpus, "rollouts": rollouts}
     if snapshot_tokens:  # (absent when off: kits built before the switch keep their key)
@@ -181,7 +181,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     display.log(f"tiny model kit: training a {cfg.vocab_size}-token BPE on "
                 f"{len(train_rows)} train trajectories" + (" and their workspace snapshots" if texts else "")
                 + (f" and {len(mistake_rows)} episodes with a mistake" if mistake_rows else ""))
-    tokenizer = train_tokenizer(corpus, cfg.vocab_size)
+    tokenizer = train_tokenizer(corpus, cfg.vocab_size, cfg.digits_per_token)
     tokenizer.save_pretrained(paths.tokenizer)
     fmt = ChatFormat(tokenizer)
     report["tokenizer"] = {"vocab": len(tokenizer), "sec": round(time.monotonic() - t0, 1)}

@@ -6,7 +6,8 @@
 - Byte-level: every string encodes, and `decode(encode(s)) == s` (no normalizer, no cleanup).
 - Pre-tokenization keeps names stable: a run of letters is one piece whatever stands before
   it (no leading space or slash is glued on, unlike Qwen2/3's split), digits and punctuation are
-  single characters, spaces and newlines are runs of their own. So `onyx` in `/app/onyx.zip`,
+  single characters (`kit.digits_per_token` lets a run of up to 3 digits be one piece, below),
+  spaces and newlines are runs of their own. So `onyx` in `/app/onyx.zip`,
   in ` onyx.zip` and in `onyx` encodes to the same ids, and a small model can copy a name from
   the instruction into a command by copying tokens (tested).
 - Special tokens `<|endoftext|>` (pad), `<|im_start|>`, `<|im_end|>` (eos); `<tool_call>`,
@@ -46,9 +47,13 @@ TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>
 CALL_TAGS = ("<function=bash>", "<function=done>", "<parameter=command>", "<parameter=timeout>",
              "</parameter>", "</function>")
 TAGS = (*SPECIAL, *TOOL_TAGS, *CALL_TAGS)  # ids 0..12, in this order
-# Pieces: a word (letters only), one digit, one punctuation mark, a run of newlines, a run of
-# other whitespace. Nothing joins a word to what precedes it, so a name keeps its ids.
-SPLIT = r"\p{L}+|\p{N}|[^\s\p{L}\p{N}]|[\r\n]+|[^\S\r\n]+"
+# Pieces: a word (letters only), a digit (or a run of up to `digits` digits, cut from the left),
+# one punctuation mark, a run of newlines, a run of other whitespace. Nothing joins a word to what
+# precedes it, so a name keeps its ids.
+def split_pattern(digits: int = 1) -> str:
+    number = r"\p{N}" if digits == 1 else rf"\p{{N}}{{1,{digits}}}"
+    return rf"\p{{L}}+|{number}|[^\s\p{{L}}\p{{N}}]|[\r\n]+|[^\S\r\n]+"
+
 # A GNU `ls -l` line: mode, then (padded) link count, owner and group, then the size, then the
 # date ("Jan  1 00:00", or "Jan  1  2024" for an old file), then the name.
 LS_LINE = re.compile(r"^([-dlbcps][-rwxsStT]{9})( +\d+ \S+ +\S+ ) *\d+( \w{3} [ \d]\d (?: \d{4}|\d\d:\d\d) )\S",
@@ -100,14 +105,15 @@ def listing_atoms(texts: Iterable[str]) -> list[str]:
     return common[:MAX_LISTING_ATOMS]
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:
-    """Train the BPE on `texts` (in order) and wrap it as a transformers tokenizer."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, digits: int = 1) -> PreTrainedTokenizerFast:
+    """Train the BPE on `texts` (in order) and wrap it as a transformers tokenizer; `digits`: the
+    longest run of digits one pre-token holds (1: every digit alone; 3: `389` can be one token)."""
     texts = list(texts)
     atomic = [*TAGS, *listing_atoms(texts)]
     cut = re.compile("|".join(re.escape(t) for t in sorted(atomic, key=len, reverse=True)))
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),
+        pre_tokenizers.Split(Regex(split_pattern(digits)), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()

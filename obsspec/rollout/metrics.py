@@ -112,15 +112,15 @@ class SpecMetrics:
             self.wm_drafts_unusable += d.get("unusable", 0)
             if d["drafts"] == 0 and d.get("unusable", 0):
                 self.arrived_unusable += 1
-                self.in_time_by_source[d.get("source") or "world_model"] += 1
+                self.in_time_by_source[_source(d)] += 1
             if d["request_id"] in self._wm_started:
                 self.wm_sec.append(e.t - self._wm_started.pop(d["request_id"]))
         elif e.kind == "match":
             self.wm_tokens_matched += d.get("draft_tokens", 0)
-            self.matches_by_source[d.get("source", "world_model")] += 1
-            self.in_time_by_source[d.get("source", "world_model")] += 1
+            self.matches_by_source[_source(d)] += 1
+            self.in_time_by_source[_source(d)] += 1
         elif e.kind == "rollback":
-            self.in_time_by_source[d.get("source", "world_model")] += 1
+            self.in_time_by_source[_source(d)] += 1
         elif e.kind == "request_end":
             self.outcomes[(d["role"], d["outcome"])] += 1
             if d["role"] == "policy" and d["outcome"] == "cancelled":
@@ -183,6 +183,11 @@ class SpecMetrics:
             "spec/wm_drafts_unusable": self.wm_drafts_unusable,
             "spec/requests": {f"{role}/{outcome}": n for (role, outcome), n in sorted(self.outcomes.items())},
         }
+
+
+def _source(data: dict) -> str:
+    """Who made the drafts of an event (traces written before drafts said so: the world model)."""
+    return data.get("source") or "world_model"
 
 
 def chrome_trace(events: list[dict]) -> dict:

@@ -62,6 +62,9 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
     init = resolve_adapter(cfg.init_adapter) if cfg.init_adapter and not eval_only else None
     episodes = data.load_episodes(sources) if not eval_only else []
     eval_episodes = data.load_episodes(eval_sources)
+    if recipe.world_model.workspace_snapshot:  # (a task id naming two tasks: refused before the kit)
+        for paths in ([sources] if not eval_only else []) + [eval_sources]:
+            data.source_tasks(paths)
 
     model, tokenizer = load_pretrained(base_model_path(recipe, display), device=recipe.world_model.device)
     fmt = ChatFormat(tokenizer)

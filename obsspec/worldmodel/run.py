@@ -38,11 +38,12 @@ def base_model_path(recipe: Recipe, display: Display) -> str:
     return kit_for(recipe, recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks"), display).world_model
 
 
-def snapshot_table(snapshots, sources: list[str], episodes: list) -> dict | None:
-    """task_id -> workspace snapshot ids for `episodes` (None without a snapshot builder)."""
+def snapshot_table(snapshots, tasks: dict | None, episodes: list) -> dict | None:
+    """task_id -> workspace snapshot ids for `episodes` (None without a snapshot builder);
+    `tasks`: `data.source_tasks` of the episodes' sources."""
     if snapshots is None:
         return None
-    return data.snapshot_table(episodes, data.source_tasks(sources), snapshots)
+    return data.snapshot_table(episodes, tasks or {}, snapshots)
 
 
 def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | None = None,
@@ -62,9 +63,10 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
     init = resolve_adapter(cfg.init_adapter) if cfg.init_adapter and not eval_only else None
     episodes = data.load_episodes(sources) if not eval_only else []
     eval_episodes = data.load_episodes(eval_sources)
-    if recipe.world_model.workspace_snapshot:  # (a task id naming two tasks: refused before the kit)
-        for paths in ([sources] if not eval_only else []) + [eval_sources]:
-            data.source_tasks(paths)
+    # The sources' tasks (their workspaces), read before the kit: a task id naming two tasks is refused now.
+    snapshot_on = recipe.world_model.workspace_snapshot
+    train_tasks = data.source_tasks(sources) if snapshot_on and not eval_only else None
+    eval_tasks = data.source_tasks(eval_sources) if snapshot_on else None
 
     model, tokenizer = load_pretrained(base_model_path(recipe, display), device=recipe.world_model.device)
     fmt = ChatFormat(tokenizer)
@@ -81,7 +83,7 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
         from obsspec.worldmodel.train import train_adapter
 
         train_eps, held_eps = data.split_by_task(episodes, cfg.eval_fraction, cfg.seed)
-        table = snapshot_table(snapshots, sources, episodes)
+        table = snapshot_table(snapshots, train_tasks, episodes)
         rows, counts = data.examples(fmt, train_eps, cfg.max_length, table)
         held_rows, _ = data.examples(fmt, held_eps, cfg.max_length, table)
         summary["train_data"] = {**counts, "tasks": len({e.task_id for e in train_eps}),
@@ -99,7 +101,7 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
         summary["adapter"] = {"version": version.version, "name": version.name, "path": version.path}
         adapters[version.name] = version.path
     summary["eval"] = evaluate(fmt, model, tokenizer, recipe, eval_sources, eval_episodes, adapters, display,
-                               snapshots)
+                               snapshots, eval_tasks)
     summary["sec"] = round(time.monotonic() - t0, 1)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
@@ -107,14 +109,15 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
 
 
 def evaluate(fmt, model, tokenizer, recipe: Recipe, sources: list[str], episodes: list,
-             adapters: dict[str, str | None], display: Display, snapshots=None) -> dict:
+             adapters: dict[str, str | None], display: Display, snapshots=None, tasks: dict | None = None) -> dict:
     """Figures for the base and each adapter on the held-out steps of `episodes` (`snapshots`:
-    the run's snapshot builder, `rollout.run.workspace_snapshots`, or None)."""
+    the run's snapshot builder, `rollout.run.workspace_snapshots`, or None; `tasks`: the
+    sources' tasks, `data.source_tasks(sources)`, which the snapshots are taken from)."""
     from obsspec.env.suite import spread
 
     cfg = recipe.wm_train
     _, held = data.split_by_task(episodes, cfg.eval_fraction, cfg.seed)
-    cases, duplicates = data.eval_cases(fmt, held, snapshot_table(snapshots, sources, held))
+    cases, duplicates = data.eval_cases(fmt, held, snapshot_table(snapshots, tasks, held))
     if cfg.eval_limit:
         cases = spread(cases, min(cfg.eval_limit, len(cases)))
     results = evaluate_models(model, tokenizer, cases, adapters, cap=recipe.sandbox.output_cap,

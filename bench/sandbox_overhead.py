@@ -7,6 +7,8 @@ Prints JSON with medians (ms) for running `true`:
 - `episode_command`:  one command in a running episode (persistent shell, restamping, faketime)
 - `fresh_sandbox`:    start a sandbox, run `true`, close it (episode setup + one command)
 - `episode_setup`:    start() alone with a 10-file workspace and a small setup script
+- `episode_verify`:   verify() after one command: kill check, janitor, verifier files, a
+                      verifier that runs `true`
 and the ratios to the baseline. Machines are noisy: compare ratios, not absolute numbers.
 """
 
@@ -42,15 +44,18 @@ async def measure(n: int, deterministic: bool) -> dict:
         for _ in range(n):
             in_episode.append((await sb.run("true")).seconds)
 
-    fresh, setup = [], []
+    fresh, setup, verify = [], [], []
     for _ in range(max(10, n // 5)):
         t = time.perf_counter()
         sb = Sandbox(cfg)
         await sb.start(files=FILES, setup="mkdir -p build && echo ok > build/stamp")
         setup.append(time.perf_counter() - t)
         await sb.run("true")
-        await sb.close()
         fresh.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        await sb.verify("true", {"test.sh": "true\n"})
+        verify.append(time.perf_counter() - t)
+        await sb.close()
 
     base = median_ms(plain)
     result = {
@@ -58,6 +63,7 @@ async def measure(n: int, deterministic: bool) -> dict:
         "episode_command_ms": median_ms(in_episode),
         "fresh_sandbox_ms": median_ms(fresh),
         "episode_setup_ms": median_ms(setup),
+        "episode_verify_ms": median_ms(verify),
     }
     result["episode_command_ratio"] = round(result["episode_command_ms"] / base, 2)
     result["fresh_sandbox_ratio"] = round(result["fresh_sandbox_ms"] / base, 2)
@@ -80,7 +86,8 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        keys = ["subprocess_bash_ms", "episode_command_ms", "episode_setup_ms", "fresh_sandbox_ms"]
+        keys = ["subprocess_bash_ms", "episode_command_ms", "episode_setup_ms", "fresh_sandbox_ms",
+                "episode_verify_ms"]
         fig, ax = plt.subplots(figsize=(7, 3.5))
         for i, mode in enumerate(out):
             ax.bar([k + i * 0.4 for k in range(len(keys))], [out[mode][k] for k in keys], 0.4, label=mode)

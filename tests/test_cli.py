@@ -128,5 +128,18 @@ def test_prepare_tasks_from_takes_the_folder_name_as_given(tmp_path):
 
 
 def test_a_sandbox_that_cannot_start_is_one_line_in_the_shell(tmp_path):
-    r = cli("shell", "dir-stats-00000", "-c", "ls", "--set", "sandbox.memory_mb=1", "--out", str(tmp_path))
-    assert r.returncode == 2 and "the sandbox failed" in r.stderr and "Traceback" not in r.stderr, r.stderr[-500:]
+    from obsspec.env.suite import task_by_id
+
+    task = {**task_by_id("dir-stats-00000").to_dict(), "files": {"big.txt": "x" * (2 << 20)}}
+    (tmp_path / "train.jsonl").write_text(json.dumps(task) + "\n")
+    r = cli("shell", "dir-stats-00000", "--tasks", str(tmp_path), "-c", "ls", "--set", "sandbox.workspace_mb=1",
+            "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "could not write the task files: tar: big.txt" in r.stderr, r.stderr[-500:]
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_limits_no_sandbox_can_run_with_are_refused_by_validate():
+    for override, message in (("sandbox.memory_mb=8", "sandbox.memory_mb must be at least 128"),
+                              ("sandbox.turn_seconds=100000000000000", "sandbox.turn_seconds must be in 0..")):
+        r = cli("validate", "recipes/tiny-cpu.yaml", override)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-500:]

@@ -44,7 +44,7 @@ def test_reset_override_restores_default(tmp_path):
     ("- a\n- b\n", [], "a recipe must be a mapping"),
     ("", ["tasks.val_fraction=1.5"], "tasks.val_fraction must be in [0, 1)"),
     ("", ["sandbox.isolation=docker"], "sandbox.isolation must be 'bwrap' or 'none'"),
-    ("", ["sandbox.timeout_s=-1"], "sandbox.timeout_s must be positive"),
+    ("", ["sandbox.timeout_s=-1"], "sandbox.timeout_s must be a positive number"),
     ("", ["nonsense"], "expected key=value"),
     ("", ["tasks.num_instances=many"], "'tasks.num_instances' must be int"),
     # found by an adversarial review: nan passed every range check; a repeated key was silent
@@ -57,7 +57,7 @@ def test_reset_override_restores_default(tmp_path):
     ("", ["rollout.concurrency=-4"], "rollout.concurrency must be >= 0"),
     ("", ["rollout.busy_limit=-1"], "rollout.busy_limit must be >= 0"),
     ("", ["sandbox.hostname="], "sandbox.hostname must be a host name"),
-    ("", ["sandbox.turn_seconds=-100"], "sandbox.turn_seconds must be >= 0"),
+    ("", ["sandbox.turn_seconds=-100"], "sandbox.turn_seconds must be in 0.."),
 ])
 def test_mistakes_are_one_clear_line_naming_file_and_key(tmp_path, text, overrides, message):
     p = tmp_path / "bad.yaml"

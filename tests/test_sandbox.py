@@ -340,25 +340,18 @@ def test_the_seccomp_rule_keeps_limits_and_scheduling_calls_on_the_caller_in_eve
     assert sandbox_filter("riscv64") == b"", "an unknown machine gets no filter (and no broken one)"
 
 
-def test_the_janitors_budget_is_its_cpu_and_a_starved_janitor_is_ours(monkeypatch):
-    """The agent's trees cost the janitor CPU time (past its budget: the agent's doing, scored 0);
-    a neighbour's load only stretches the wall clock (past its limit: ours, an infra error)."""
+def test_the_janitors_budget_is_a_count_the_machines_load_cannot_move():
+    """The agent's trees cost the janitor work (past its budget: the agent's doing, scored 0).
+    The budget counts entries and link steps, not seconds: a wall-clock limit let a busy
+    neighbour turn an agent's failure into an infra error."""
     import importlib.util
-    import time
 
     spec = importlib.util.spec_from_file_location(
         "janitor", Path(__file__).parent.parent / "obsspec" / "env" / "scripts" / "janitor.py")
     janitor = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(janitor)
-    cpu, wall = [0.0], [0.0]
-    monkeypatch.setattr(time, "process_time", lambda: cpu[0])
-    monkeypatch.setattr(time, "monotonic", lambda: wall[0])
-    janitor.cpu_deadline, janitor.wall_deadline = janitor.BUDGET_S, janitor.WALL_S
-    wall[0] = janitor.BUDGET_S + 1  # more than the CPU budget has passed, but not in CPU time
-    janitor.tick()
-    cpu[0] = janitor.BUDGET_S + 0.1
-    with pytest.raises(janitor.OutOfTime):
+    assert not hasattr(janitor, "time"), "the janitor must not judge by a clock"
+    for _ in range(janitor.BUDGET_STEPS):
         janitor.tick()
-    cpu[0], wall[0] = 1.0, janitor.WALL_S + 0.1
-    with pytest.raises(janitor.Starved):
+    with pytest.raises(janitor.OutOfBudget):
         janitor.tick()

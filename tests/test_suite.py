@@ -67,7 +67,8 @@ def test_a_task_the_sandbox_refuses_is_dropped_and_the_others_finish():
     import dataclasses
 
     tasks, _ = suite.generate_builtin(TasksConfig(num_instances=2, families=("count-lines",)))
-    bad = dataclasses.replace(tasks[0], task_id="bad", workdir="/tmp")
+    bad = dataclasses.replace(tasks[0], task_id="bad")
+    object.__setattr__(bad, "workdir", "/tmp")  # (a Task refuses it when made: past that check)
     cfg = SandboxConfig(timeout_s=5, memory_mb=512, max_procs=32)
     got = asyncio.run(asyncio.wait_for(suite.validate_all([bad, *tasks], cfg, 3, False, NullDisplay()), 120))
     assert got[0].problem.startswith("could not be run: ValueError: task workdir must be")

@@ -12,19 +12,31 @@ read or write its memory through /proc/1/mem — it cannot stop, steer or impers
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import io
 import itertools
 import os
+import posixpath
+import random
 import shutil
 import tarfile
+import tempfile
 from functools import lru_cache
 from importlib import resources
 
 from obsspec.env import seccomp
+from obsspec.env.task import check_relative
 
 NOBODY = 65534
 SANDBOX_UID = 1000
+# When the harness is root, each live sandbox runs as a host uid of its own from this range: the
+# kernel keeps some counters per host uid (inotify instances, pipe buffer pages, processes), and
+# episodes sharing one uid could pass an answer through them (one holds n instances, a sibling
+# counts what is left). A lock file per uid, held while the sandbox lives, keeps two sandboxes,
+# of this process or of another, from ever running as the same uid at once.
+HOST_UID_BASE = 2_100_000_000
+HOST_UID_SLOTS = 1 << 16
 # Any file time after this is a real (kernel) time, not one of ours, and gets re-stamped.
 HORIZON_SECONDS = 10_000_000
 STATE_DIR = "/run/obsspec-state"
@@ -88,16 +100,42 @@ def data_fd(data: bytes) -> int:
     return r
 
 
-def argv(config, workdir: str, bwrap: str) -> tuple[list[str], list[int]]:
-    """(command line, file descriptors it reads) for one episode's sandbox."""
+class HostUid:
+    """A host uid that no other live sandbox runs as, held until `release()`."""
+
+    def __init__(self) -> None:
+        folder = os.path.join(tempfile.gettempdir(), "obsspec-uids")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        start = random.randrange(HOST_UID_SLOTS)
+        for i in range(HOST_UID_SLOTS):
+            uid = HOST_UID_BASE + (start + i) % HOST_UID_SLOTS
+            fd = os.open(os.path.join(folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            return
+        raise OSError(f"all {HOST_UID_SLOTS} sandbox uids are in use")
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # (the lock goes with the descriptor)
+            self._fd = -1
+
+
+def argv(config, workdir: str, bwrap: str, host_uid: int | None = None) -> tuple[list[str], list[int]]:
+    """(command line, file descriptors it reads) for one episode's sandbox; `host_uid` (the
+    harness is root) is the host uid it runs as."""
     fds: list[int] = []
     out: list[str] = []
     cpu = next_cpu()
     if cpu is not None and shutil.which("taskset"):
         out += ["taskset", "-c", str(cpu)]
-    if os.geteuid() == 0:
+    if host_uid is not None:
         # the kernel exempts root from RLIMIT_NPROC, and nothing inside keeps host privileges
-        out += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+        out += ["setpriv", f"--reuid={host_uid}", f"--regid={host_uid}", "--clear-groups", "--"]
     out += [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--new-session", "--as-pid-1", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--hostname", config.hostname,
@@ -163,12 +201,11 @@ def tar_files(files: dict[str, str], mtime: int) -> bytes:
     dirs: set[str] = set()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for rel, text in sorted(files.items()):
-            path = os.path.normpath(rel)
-            if os.path.isabs(path) or path == "." or path.split(os.sep)[0] == "..":
-                raise ValueError(f"task file path escapes the workspace: {rel!r}")
-            parts = path.split(os.sep)
+            check_relative(rel)
+            path = posixpath.normpath(rel)
+            parts = path.split("/")
             for i in range(1, len(parts)):
-                d = os.sep.join(parts[:i])
+                d = "/".join(parts[:i])
                 if d not in dirs:
                     dirs.add(d)
                     tar.addfile(_entry(d, tarfile.DIRTYPE, 0o755, mtime))

@@ -33,7 +33,8 @@ Decisions:
 - File modes: tasks hold text, not modes, so a file that is executable in the task folder gets
   `chmod +x` at the top of setup (environment/) or of the verify script (tests/): a test.sh that
   runs `/tests/helper.sh` directly, or an instruction that says `./run.sh`, works as in Docker.
-- `[verifier] timeout_sec` is the verifier's time limit (`Task.verify_timeout_s`). Other
+- `[verifier] timeout_sec` is the verifier's time limit (`Task.verify_timeout_s`, at most a day
+  in the suite, and at run time at most the recipe's `sandbox.max_verify_s`). Other
   settings (agent timeout, cpus, memory, internet, build timeout) are ignored.
 - A malformed task folder never raises: it becomes a `skipped` entry with a one-line reason.
   `HarborImportError` means the path itself is wrong (missing, or holds no task folder at all).
@@ -50,10 +51,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from obsspec.env.sandbox import check_workdir
-from obsspec.env.task import Task
+from obsspec.env.task import Task, check_workdir
 
 MAX_TASK_BYTES = 5 * 1024 * 1024
+MAX_VERIFY_TIMEOUT_S = 86_400.0  # a task's own limit, kept finite (JSON has no infinity)
 DEFAULT_WORKDIR = "/app"  # what Harbor images usually use
 DOCKER_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml")
 NOT_COPIED = {*DOCKER_FILES, ".dockerignore", "setup.sh"}  # environment/ files kept out of /app
@@ -143,13 +144,15 @@ def _import_task(folder: Path) -> Task:
     timeout = _table(config, "verifier").get("timeout_sec")
     if timeout is not None and not (type(timeout) in (int, float) and timeout > 0):
         raise _Skip(f"task.toml: verifier.timeout_sec must be a positive number, not {timeout!r}")
+    if timeout is not None:  # (`inf` or 1e308: the recipe's sandbox.max_verify_s bounds it at run time)
+        timeout = min(float(timeout), MAX_VERIFY_TIMEOUT_S)
     files, setup, workdir = _environment(folder, _table(config, "environment"))
     return Task(
         task_id=f"harbor-{slug}", family=f"harbor:{_slug(category) or 'uncategorised'}",
         instruction=instruction, solution=_solution(folder, _env(config, "solution")),
         verify=_verify_script(workdir, _env(config, "verifier"), _executable(folder, "tests")),
         verify_files=_tree(folder, "tests"), files=files, setup=setup, workdir=workdir,
-        source=f"harbor:{folder}", verify_timeout_s=0.0 if timeout is None else float(timeout),
+        source=f"harbor:{folder}", verify_timeout_s=0.0 if timeout is None else timeout,
     )
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import posixpath
 import re
 import secrets
 import shutil
@@ -47,9 +46,22 @@ from dataclasses import dataclass
 from obsspec.env import bwrap
 from obsspec.fields import doc
 from obsspec.chat import capture_bytes_for
+from obsspec.env.task import check_workdir
 
+
+# The least a recipe may set: what the harness needs in every sandbox, with a margin (the
+# built-in verifiers passed at 48 MB and 4 processes here; at 8 MB none could start).
+MIN_MEMORY_MB = 128
+MIN_PROCS = 16
+MIN_TIMEOUT_S = 0.1
+MAX_CLOCK = 4_102_444_800       # 2100-01-01
+MAX_TURN_SECONDS = 86_400 * 366  # a year a turn
 
 TAMPERED = 4  # the supervisor's `reset` status when the agent left what cannot be undone
+# The kill loop (up to ~10 s) and the janitor, whose work is bounded by a count of entries (its
+# CPU need is a few seconds at most here), waiting their turn among every other episode on the
+# machine: 16 episodes spinning on 2 cores is an 8x slowdown, and this leaves 10x on top.
+RESET_TIMEOUT_S = 120.0
 
 
 class SandboxError(RuntimeError):
@@ -69,6 +81,9 @@ class SandboxConfig:
     timeout_s: float = doc(30.0, "Per-command timeout, seconds (the upper bound of the tool "
                                   "call's `timeout`); the command and everything it started are "
                                   "killed, the shell state survives.")
+    max_verify_s: float = doc(600.0, "Longest a verifier may run, seconds: a task's own limit "
+                                      "(Harbor's `timeout_sec`) is clamped to it; without one, "
+                                      "4 x timeout_s.")
     output_cap: int = doc(4096, "Characters of output an observation keeps; the rest is cut "
                                  "with a marker.")
     memory_mb: int = doc(4096, "Address-space limit per process (ulimit -v), MiB.")
@@ -91,12 +106,24 @@ class SandboxConfig:
     def __post_init__(self) -> None:
         if self.isolation not in ("bwrap", "none"):
             raise ValueError(f"sandbox.isolation must be 'bwrap' or 'none', not {self.isolation!r}")
-        for name in ("timeout_s", "output_cap", "memory_mb", "max_procs", "max_file_mb",
+        for name in ("timeout_s", "max_verify_s", "output_cap", "memory_mb", "max_procs", "max_file_mb",
                      "workspace_mb", "tmp_mb", "home_mb"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"sandbox.{name} must be positive")
-        if self.clock_start < 0 or self.turn_seconds < 0:
-            raise ValueError("sandbox.clock_start and sandbox.turn_seconds must be >= 0")
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"sandbox.{name} must be a positive number, not {value!r}")
+        # What the harness itself needs inside every sandbox (its janitor and the verifiers are
+        # Python; a verifier forks a few processes): below these, no episode can be verified.
+        for name, least, why in (
+                ("memory_mb", MIN_MEMORY_MB, "the harness's own Python must start in every sandbox"),
+                ("max_procs", MIN_PROCS, "the harness and a verifier run a few processes at once"),
+                ("timeout_s", MIN_TIMEOUT_S, "no command can start and answer faster"),
+                ("max_verify_s", MIN_TIMEOUT_S, "no verifier can start and answer faster")):
+            if getattr(self, name) < least:
+                raise ValueError(f"sandbox.{name} must be at least {least} ({why}), not {getattr(self, name)!r}")
+        for name, most in (("clock_start", MAX_CLOCK), ("turn_seconds", MAX_TURN_SECONDS)):
+            if not 0 <= getattr(self, name) <= most:
+                raise ValueError(f"sandbox.{name} must be in 0..{most} (the pinned clock must stay a "
+                                 f"date every tool can print), not {getattr(self, name)!r}")
         if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62})", self.hostname):
             raise ValueError(f"sandbox.hostname must be a host name (letters, digits, '-'), got {self.hostname!r}")
 
@@ -144,17 +171,6 @@ def check_bwrap() -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-# A workspace cannot be (or be under) these: system dirs bound read-only, our own mounts.
-RESERVED_DIRS = ("/usr", "/etc", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
-                 "/tests", "/logs", "/tmp", "/run", "/home/agent")
-
-
-def check_workdir(workdir: str) -> None:
-    path = posixpath.normpath(workdir) if workdir.startswith("/") else ""
-    if path in ("", "/") or any(path == d or path.startswith(d + "/") for d in RESERVED_DIRS):
-        raise ValueError(f"task workdir must be an absolute, non-system path, not {workdir!r}")
-
-
 class Sandbox:
     """One episode's sandbox. Use `start()` once, `run()` per command, `close()` at the end."""
 
@@ -166,6 +182,7 @@ class Sandbox:
         self.host_root = ""  # isolation=none only: host dir holding workspace/, tests/, logs/
         self._proc: asyncio.subprocess.Process | None = None
         self._supervisor_pid = 0
+        self._uid: bwrap.HostUid | None = None
         self._lock = asyncio.Lock()
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -176,7 +193,10 @@ class Sandbox:
         env = bwrap.env(cfg, self.workdir)
         fds: list[int] = []
         if cfg.isolation == "bwrap":
-            argv, fds = bwrap.argv(cfg, self.workdir, check_bwrap())
+            path = check_bwrap()
+            if os.geteuid() == 0:
+                self._uid = bwrap.HostUid()
+            argv, fds = bwrap.argv(cfg, self.workdir, path, self._uid and self._uid.uid)
             cwd = "/"
         else:
             warnings.warn("sandbox.isolation=none: agent commands run UNSANDBOXED on this host")
@@ -203,7 +223,7 @@ class Sandbox:
             for fd in fds:
                 os.close(fd)
         self._supervisor_pid = self._proc.pid if cfg.isolation == "none" else 0
-        untar = await self._request("untar", archive, env["OBSSPEC_WORKDIR"], cfg.timeout_s * 4)
+        untar = await self._request("untar", archive, "workspace", cfg.timeout_s * 4)
         if untar.exit_code != 0:
             raise SandboxError(f"could not write the task files: {_tail(untar)}")
         if cfg.isolation == "bwrap":
@@ -233,6 +253,9 @@ class Sandbox:
                 except ProcessLookupError:
                     pass
             await proc.wait()
+        if self._uid is not None:  # nothing of the episode runs as it any more
+            self._uid.release()
+            self._uid = None
         if self.host_root:
             shutil.rmtree(self.host_root, ignore_errors=True)
             self.host_root = ""
@@ -265,17 +288,17 @@ class Sandbox:
         can lock its own files away from us, and a verifier must never read them."""
         cfg = self.config
         clock = cfg.clock_start + self.turn * cfg.turn_seconds
-        reset = await self._request("reset", b"", clock, 30)
+        reset = await self._request("reset", b"", clock, RESET_TIMEOUT_S)
         if reset.exit_code == TAMPERED:
             return 0.0
         if reset.exit_code != 0:
             raise SandboxError("agent processes survived the kill before verification" if reset.exit_code == 1
                                else f"could not clean up before verification: {_tail(reset)}")
-        tests = self.host_root and os.path.join(self.host_root, "tests") or "/tests"
-        untar = await self._request("untar", bwrap.tar_files(files or {}, cfg.clock_start), tests, 30)
-        if untar.exit_code != 0:
+        untar = await self._request("untar", bwrap.tar_files(files or {}, cfg.clock_start), "tests", 30)
+        if untar.exit_code != 0:  # (/tests was checked empty: its size is ours to get right)
             raise SandboxError(f"could not write the verifier's files: {_tail(untar)}")
-        result = await self._request("verify", _encode(script), clock, timeout_s or cfg.timeout_s * 4)
+        limit = min(timeout_s or cfg.timeout_s * 4, cfg.max_verify_s)
+        result = await self._request("verify", _encode(script), clock, limit)
         if reward_file:
             written = await self._request("reward", b"", clock, 30)
             if written.exit_code == 0:
@@ -427,4 +450,6 @@ def _encode(script: str) -> bytes:
 
 
 def _tail(result: ExecResult) -> str:
-    return result.output[-500:].decode("utf-8", "replace")
+    """The end of what a request printed, as one line (for an error message)."""
+    lines = result.output[-500:].decode("utf-8", "replace").splitlines()
+    return "; ".join(line.strip() for line in lines if line.strip()) or "(no output)"

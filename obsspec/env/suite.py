@@ -164,8 +164,9 @@ async def validate_all(tasks: list[Task], config: SandboxConfig, workers: int, d
             async with gate:
                 try:
                     v = await validate_task(task, config, determinism)
-                except Exception as e:  # this task's fault (e.g. a workdir the sandbox refuses):
-                    # dropped with the reason; raised, it left its siblings hanging mid-start
+                except ValueError as e:  # this task's fault (content the sandbox refuses):
+                    # dropped with the reason; raised, it left its siblings hanging mid-start.
+                    # (A bug of ours still raises.)
                     v = Validation(task, problem=f"could not be run: {type(e).__name__}: {e}")
             if sink is not None and not _infra_failed(v):
                 sink.write(json.dumps(_validation_to(key, v), sort_keys=True) + "\n")
@@ -291,7 +292,7 @@ async def prepare_tasks(recipe: Recipe, out_dir: str, display: Display) -> dict:
 
 
 def _jsonl(rows) -> str:
-    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows)
+    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n" for r in rows)
 
 
 def _json(obj) -> str:
@@ -305,14 +306,20 @@ def load_tasks(path: str) -> list[Task]:
     if not paths:
         raise TaskNotFound(f"{path}: no train.jsonl/val.jsonl here (run `obsspec prepare-tasks` first)")
     tasks = []
+    seen: dict[str, str] = {}  # task id -> where it was first
     for p in paths:
         with open(p, "rb") as f:
             for number, line in enumerate(f, 1):
                 if line.strip():
                     try:
-                        tasks.append(Task.from_dict(json.loads(line.decode("utf-8"))))
+                        task = Task.from_dict(json.loads(line.decode("utf-8")))
                     except ValueError as e:  # json's and utf-8's errors are ValueErrors too
                         raise SuiteError(f"{p}:{number}: not a task: {e}") from None
+                    if task.task_id in seen:
+                        raise SuiteError(f"{p}:{number}: task id {task.task_id} is also at "
+                                         f"{seen[task.task_id]}: ids name one task each")
+                    seen[task.task_id] = f"{p}:{number}"
+                    tasks.append(task)
     return tasks
 
 

@@ -23,7 +23,29 @@ import dataclasses
 import hashlib
 import json
 import math
+import posixpath
+import re
 from dataclasses import dataclass, field
+
+# A workspace cannot be (or be under) these: system dirs bound read-only, the sandbox's own mounts.
+RESERVED_DIRS = ("/usr", "/etc", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                 "/tests", "/logs", "/tmp", "/run", "/home/agent")
+# Task ids name files and run directories: no separators, no dot-names, nothing a shell mangles.
+TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,199}")
+
+
+def check_workdir(workdir: str) -> None:
+    path = posixpath.normpath(workdir) if workdir.startswith("/") else ""
+    if (path in ("", "/") or any(path == d or path.startswith(d + "/") for d in RESERVED_DIRS)
+            or any(ord(c) < 32 or c == "\x7f" for c in workdir)):
+        raise ValueError(f"task workdir must be an absolute, non-system path, not {workdir!r}")
+
+
+def check_relative(path: str) -> None:
+    """A task file's path: relative, inside the directory it is written to."""
+    norm = posixpath.normpath(path)
+    if "\0" in path or norm.startswith("/") or norm == "." or norm.split("/")[0] == "..":
+        raise ValueError(f"task file path must stay inside its directory, not {path!r}")
 
 
 @dataclass(frozen=True)
@@ -41,6 +63,18 @@ class Task:
     source: str = "builtin"
     kind: str = ""
     verify_timeout_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task_id, str) or not TASK_ID.fullmatch(self.task_id):
+            raise ValueError(f"task id must be letters, digits and . _ : + - (not starting with one "
+                             f"of those), not {self.task_id!r:.60}")
+        check_workdir(self.workdir)
+        for path in (*self.files, *self.verify_files):
+            check_relative(path)
+        texts = [self.instruction, self.setup, self.verify, *self.solution,
+                 *self.files.values(), *self.verify_files.values()]
+        if any("\0" in t for t in texts):
+            raise ValueError("task text cannot contain a NUL byte (no shell could read it)")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

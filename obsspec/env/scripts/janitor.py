@@ -4,9 +4,12 @@
 #   - symlinks under the workspace (and /tmp, HOME when sandboxed) that lead into the verifier's
 #     files, the harness's state or /proc are removed;
 #   - sandboxed, whatever the agent added to / itself (a small tmpfs) is removed.
-# Exit 0: done. Exit 4: something could not be undone, or the janitor failed or ran out of time:
-# the harness then scores the episode 0 without running the verifier. Only the agent shapes
-# these trees, so a failure here must never become an infrastructure error (an episode
+#   - the places emptied must then be empty for the kernel too: a tmpfs that still counts blocks
+#     or inodes holds a file the agent unlinked but kept alive past its own death (a descriptor
+#     in flight in a unix-socket cycle): the harness could not write the verifier there.
+# Exit 0: done. Exit 4: something could not be undone, or the janitor failed or ran past its
+# budget: the harness then scores the episode 0 without running the verifier. Only the agent
+# shapes these trees, so a failure here must never become an infrastructure error (an episode
 # excluded from the advantage at the agent's will).
 #
 # Why it is written this way (each was an attack that worked):
@@ -19,7 +22,10 @@
 #   changing into each directory and use short relative names, one directory listing at a time.
 # - Link chains can be long, deep or lead through /dev/stdin into /proc: each link is resolved as
 #   the kernel would, a component at a time from directory handles, watching every step.
-# - Millions of entries: the walk is in-process (no fork per entry) and has a time budget.
+# - Millions of entries: the walk is in-process (no fork per entry) and has a budget counted in
+#   entries and link steps, not seconds: the same trees get the same verdict on a busy machine
+#   and an idle one (45,000 links beside a busy neighbour ran a wall-clock budget out: an infra
+#   error at will). Its CPU need is bounded, so the harness can wait for it generously.
 #
 # Usage (stdin: the NUL-separated paths / held before the agent's first command):
 #   python3 -I -c "$OBSSPEC_JANITOR" sandboxed|host TESTS LOGS STATE WORKDIR HOME
@@ -29,32 +35,25 @@ import fcntl
 import os
 import stat
 import sys
-import time
 
-# Our own CPU time is what the agent's trees cost us; the wall clock also counts what other
-# sandboxes on the machine take from us (no CPU cgroup), which is not the agent's doing: past it
-# we stop as ours (an infra error), never scoring the episode 0 for a neighbour's load.
-BUDGET_S = 15.0  # CPU seconds
-WALL_S = 17.0    # the harness's reset request allows 30 s, the kill loop before us up to 10 s
-cpu_deadline = time.process_time() + BUDGET_S
-wall_deadline = time.monotonic() + WALL_S
+# Entries visited and link components resolved: ~2 us each here (45,000 links of 62 steps each, 2.8
+# million steps, took 6.6 s), so under 2 s of CPU. Past it, the agent's trees were too much to
+# undo: the episode scores 0.
+BUDGET_STEPS = 1_000_000
+steps = 0
 problems: list[str] = []
 reopened: list[tuple[str, int]] = []  # (absolute path, mode before) of directories opened by path
 
 
-class OutOfTime(Exception):
-    pass
-
-
-class Starved(Exception):
+class OutOfBudget(Exception):
     pass
 
 
 def tick() -> None:
-    if time.process_time() > cpu_deadline:
-        raise OutOfTime
-    if time.monotonic() > wall_deadline:
-        raise Starved
+    global steps
+    steps += 1
+    if steps > BUDGET_STEPS:
+        raise OutOfBudget
 
 
 def note(where: str, error: OSError) -> None:
@@ -73,6 +72,7 @@ def opened(name: str, st: os.stat_result) -> int | None:
 
 def remove(name: str) -> None:
     """Remove `name` (relative to the cwd) and everything below it; the cwd is kept."""
+    tick()
     try:
         st = os.lstat(name)
     except FileNotFoundError:
@@ -225,6 +225,7 @@ def sweep_root(original: set[str]) -> None:
         here = pending.pop()
         os.chdir(here)
         for name in os.listdir("."):
+            tick()
             path = os.path.join(here, name)
             st = os.lstat(name)
             if path not in original:
@@ -270,6 +271,18 @@ def main(argv: list[str]) -> None:
     for path in emptied:
         os.chmod(path, 0o755)
         clear_acls(path)
+        if sandboxed:
+            check_empty(path)
+
+
+def check_empty(path: str) -> None:
+    """An emptied tmpfs holds no block and no inode but its root, or something the agent left
+    still pins it (its processes are all gone: only a descriptor in flight can)."""
+    st = os.statvfs(path)
+    blocks, inodes = st.f_blocks - st.f_bfree, st.f_files - st.f_ffree
+    if blocks or inodes > 1:
+        problems.append(f"{path} still holds {blocks * st.f_frsize >> 10} KiB in {inodes - 1} "
+                        "unlinked files kept alive by the agent")
 
 
 def clear_acls(path: str) -> None:
@@ -286,11 +299,8 @@ def clear_acls(path: str) -> None:
 if __name__ == "__main__":
     try:
         main(sys.argv[1:])
-    except OutOfTime:
-        problems.append(f"more than {BUDGET_S:.0f} s of the agent's files to go through")
-    except Starved:
-        print(f"the janitor got less than {BUDGET_S:.0f} s of CPU in {WALL_S:.0f} s (machine overloaded)")
-        sys.exit(5)
+    except OutOfBudget:
+        problems.append(f"more than {BUDGET_STEPS} entries and link steps of the agent's to go through")
     except BaseException as e:  # whatever the agent's trees did to us: scored, not infra
         problems.append(f"janitor failed: {type(e).__name__}: {e}")
     for line in problems[:20]:

@@ -4,15 +4,20 @@
 #   OP=run    : an agent command, run with the episode's persistent shell state (runner.sh);
 #               ARG is the logical clock for this turn (epoch seconds) that the command sees.
 #   OP=raw    : a harness script (the task's setup), run in a fresh bash with cwd = workdir.
-#   OP=untar  : the payload is a tar archive, extracted into directory ARG (task files, /tests).
+#   OP=untar  : the payload is a tar archive, extracted into ARG: `workspace` (the task's files)
+#               or `tests` (the verifier's files). The header never carries a path, so no
+#               character of a task's fields can break it; every byte of the payload is read,
+#               whether or not tar could write it all (rc: tar's).
 #   OP=reset  : before verification: kill every other process and check that none is left
 #               (rc 1 if one survived); then janitor.py empties /tests, /logs, the state dir
 #               and /dev/shm, removes what the agent added to / and symlinks into the
 #               verifier's files, opening directories the agent locked (rc 4 if anything
-#               could not be undone: the agent tampered, the episode scores 0; rc 5 if the
-#               janitor could not run at all).
+#               could not be undone, or a place that must be empty still holds blocks: the
+#               agent tampered, the episode scores 0; rc 5 if the janitor could not run at all).
 #   OP=verify : the task's verifier, in a fresh bash with cwd = workdir, an empty HOME and
-#               TMPDIR, and a Python that ignores cwd, PYTHONPATH and user site-packages.
+#               TMPDIR, and a Python that ignores cwd, PYTHONPATH and user site-packages. Its
+#               script reaches bash on a pipe, like agent commands: never a file in a tmpfs
+#               the agent could have filled (a failed write left an empty test.sh: exit 0).
 #   OP=reward : print the first bytes of /logs/verifier/reward.txt (rc 3 if it is not a file).
 # Everything a request prints (stdout and stderr merged) goes to our stdout, followed by the
 # end marker \0NONCE RC\0. The harness reads until the marker, so no output is ever lost to a
@@ -85,8 +90,13 @@ fi
 while IFS=' ' read -r op nonce nbytes arg; do
   script=""
   if [ "$op" = untar ]; then
-    # The harness sends nothing more until we answer, so head cannot read past the archive.
-    head -c "$nbytes" | tar -x --no-same-owner -C "$arg" 2>&1
+    case $arg in workspace) dir=$OBSSPEC_WORKDIR ;; tests) dir=$tests ;; *) dir=/nonexistent ;; esac
+    # The harness sends nothing more until we answer, so head cannot read past the archive; the
+    # rest of the archive is drained when tar stops early (a full disk), so that no byte of it
+    # is ever read as a request.
+    # Only tar's first message comes back (one line: `tar: ...: No space left on device`).
+    head -c "$nbytes" | { msg=$(tar -x --no-same-owner -C "$dir" 2>&1); r=$?; cat >/dev/null
+                          printf '%s' "${msg%%$'\n'*}"; exit "$r"; }
     rc=$?
     __restamp "$OBSSPEC_CLOCK_START"
     printf '\0%s %d\0' "$nonce" "$rc"
@@ -121,15 +131,15 @@ while IFS=' ' read -r op nonce nbytes arg; do
         python3 -I -c "$OBSSPEC_JANITOR" "$where" "$tests" "$logs" "$state" "$OBSSPEC_WORKDIR" "$HOME" 2>&1
       rc=$?
       [ "$rc" = 0 ] || [ "$rc" = 4 ] || rc=5  # 5: ours, not the agent's (the janitor did not run, or the machine starved it)
-      mkdir -p "$logs/verifier" "$state/home" "$state/tmp" "$state/verifier"
+      # (the janitor found these places empty: a write that fails now is not the agent's doing)
+      if [ "$rc" = 0 ]; then mkdir -p "$logs/verifier" "$state/home" "$state/tmp" 2>&1 || rc=5; fi
       printf '\0%s %d\0' "$nonce" "$rc"
       continue ;;
     verify)
       __verified=0  # set only when this run ends uninterrupted (see `reward`)
-      # Written only now, when no agent process is left to swap it or race on it.
-      printf '%s' "$script" > "$state/verifier/test.sh"
       (cd "$OBSSPEC_WORKDIR" && HOME=$state/home TMPDIR=$state/tmp PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1 \
-        LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc "$state/verifier/test.sh") </dev/null 2>&1 & ;;
+        LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc /dev/fd/3) \
+        </dev/null 3< <(printf '%s' "$script") 2>&1 & ;;
     reward)
       # A reward file counts only after a verifier run that nobody interrupted: code of the
       # agent's that a verifier runs can write the file and then hang, or SIGUSR1 us, to be

@@ -1,6 +1,6 @@
 """Sandbox overhead: what a command costs in an obsspec sandbox against plain subprocess.
 
-    .venv/bin/python bench/sandbox_overhead.py [--n 200] [--plot out.png]
+    .venv/bin/python bench/sandbox_overhead.py [--n 200] [--plot out.png] [--out result.json]
 
 Prints JSON with medians (ms) for running `true`:
 - `subprocess_bash`:  `bash -c true` with subprocess, no sandbox (the baseline, same run)
@@ -22,6 +22,7 @@ import subprocess
 import time
 
 from obsspec.env.sandbox import Sandbox, SandboxConfig
+from provenance import stamp
 
 FILES = {f"dir{i % 3}/file{i}.txt": f"line {i}\n" * 20 for i in range(10)}
 
@@ -74,12 +75,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=200, help="commands per measurement")
     ap.add_argument("--plot", default="", help="write a bar chart to this PNG")
+    ap.add_argument("--out", default="", help="also write the JSON to this file")
     args = ap.parse_args()
     out = {
+        **stamp(),
         "deterministic": asyncio.run(measure(args.n, True)),
         "non_deterministic": asyncio.run(measure(args.n, False)),
     }
-    print(json.dumps(out, indent=2))
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
     if args.plot:
         import matplotlib
 
@@ -89,7 +96,8 @@ def main() -> None:
         keys = ["subprocess_bash_ms", "episode_command_ms", "episode_setup_ms", "fresh_sandbox_ms",
                 "episode_verify_ms"]
         fig, ax = plt.subplots(figsize=(7, 3.5))
-        for i, mode in enumerate(out):
+        modes = ["deterministic", "non_deterministic"]
+        for i, mode in enumerate(modes):
             ax.bar([k + i * 0.4 for k in range(len(keys))], [out[mode][k] for k in keys], 0.4, label=mode)
         ax.set_xticks([k + 0.2 for k in range(len(keys))], [k.replace("_ms", "") for k in keys], fontsize=8)
         ax.set_ylabel("median ms")

@@ -149,8 +149,10 @@ for (call, exp), g in zip(CASES, got):
 
 
 # The expected values must be nowhere the agent's module can read while the judge runs it: the
-# script file goes, bash gives way to the judge (its open script file with it), the judge is
-# non-dumpable (its stdin, the script, unreadable through /proc) and the child gets no stdin.
+# script file goes (the sandbox sends verifiers on a pipe, where the `rm` finds nothing to
+# remove; it stays for any runner that passes a file), bash gives way to the judge (its open
+# script with it), the judge is non-dumpable (its stdin, the script, unreadable through /proc)
+# and the child gets no stdin.
 HIDDEN = 'rm -f -- "$0"\nexec '
 
 

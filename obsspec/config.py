@@ -61,7 +61,6 @@ class TasksConfig:
 class Recipe:
     name: str = doc("recipe", "A name for runs of this recipe (used in run directory names).")
     run_dir: str = doc("runs", "Where commands write their run directories (unless --out is given).")
-    seed: int = doc(0, "Global seed.")
     sandbox: SandboxConfig = doc(SandboxConfig(), "Sandbox isolation and limits (see SandboxConfig).")
     tasks: TasksConfig = doc(TasksConfig(), "Task suite generation and import.")
     kit: KitConfig = doc(KitConfig(), "The tiny local model kit (used when a model is 'tiny').")
@@ -98,6 +97,21 @@ class Recipe:
             raise ValueError(f"world_model.max_tokens ({self.world_model.max_tokens}) cannot hold an "
                              f"observation at sandbox.output_cap = {self.sandbox.output_cap} characters: "
                              f"set it to at least {need}, or lower sandbox.output_cap")
+
+
+    def check_training(self, num_processes: int = 1) -> None:
+        """What `obsspec train` needs beyond a valid recipe (rollouts can do without): a
+        ValueError naming the keys to change. `validate` runs it too."""
+        t, pol = self.train, self.policy
+        t.accumulation(num_processes)
+        if pol.engine == "vllm" and not t.policy_lora_rank:
+            raise ValueError("policy.engine=vllm needs train.policy_lora_rank > 0: obsspec pushes a "
+                             "policy LoRA to the vLLM server before every round of rollouts, not full "
+                             "weights, so full fine-tuning would roll out off-policy. Set "
+                             "train.policy_lora_rank, or use policy.engine=hf (it serves the live weights)")
+        if pol.temperature <= 0:
+            raise ValueError("policy.temperature is 0 (greedy): every episode of a GRPO group would be "
+                             "the same, so no group has signal; set policy.temperature > 0")
 
 
 def min_draft_tokens(output_cap: int) -> int:
@@ -162,8 +176,22 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _check_key(path: str, where: str) -> None:
+    """A dot-path must name a recipe key (a mistyped `~key` used to be ignored without a word)."""
+    cls = Recipe
+    for i, k in enumerate(path.split(".")):
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if k not in fields:
+            prefix = ".".join(path.split(".")[:i])
+            label = prefix or "recipe"
+            raise ConfigError(f"{where}: unknown key '{path}' (known keys of {label}: {', '.join(sorted(fields))})"
+                              if fields else f"{where}: unknown key '{path}' ({prefix} has no keys)")
+        cls = typing.get_type_hints(cls)[k]
+
+
 def _apply_override(data: dict, item: str, where: str) -> None:
     if item.startswith("~"):
+        _check_key(item[1:], where)
         keys = item[1:].split(".")
         node = data
         for k in keys[:-1]:

@@ -177,3 +177,20 @@ def test_duplicate_task_ids_in_a_suite_are_refused(tmp_path):
 def test_limits_no_sandbox_can_run_with_are_refused(key, value):
     with pytest.raises(ValueError, match=f"sandbox.{key} must be"):
         SandboxConfig(**{key: value})
+
+
+def test_a_pinned_clock_without_libfaketime_is_refused(monkeypatch):
+    """Without libfaketime a deterministic sandbox ran on the real clock, without a word."""
+    from obsspec.env import bwrap
+    from obsspec.env.sandbox import SandboxUnavailable
+
+    monkeypatch.setattr(bwrap, "faketime_lib", lambda: "")
+
+    async def start():
+        async with Sandbox(CFG) as sb:
+            await sb.start()
+
+    with pytest.raises(SandboxUnavailable, match="apt-get install faketime"):
+        asyncio.run(start())
+    cfg = SandboxConfig(timeout_s=3, memory_mb=1024, max_procs=64, deterministic=False)
+    assert reward(task_by_id("dir-stats-00001"), [], cfg) == 0.0  # (runs, on the real clock)

@@ -297,7 +297,12 @@ def validate_cmd(
         obsspec validate --explain
     """
     if explain_fields:
-        for key, default, text in explain():
+        rows = explain()
+        for key, default, text in [r for r in rows if not r[0].startswith("kit.")]:
+            typer.echo(f"{key:28} {default:14} {text}")
+        typer.echo("\n# kit.*: research settings of the tiny model kit (the embedded default's models: "
+                   "shapes, training budgets, extra data); 'tiny' models only")
+        for key, default, text in [r for r in rows if r[0].startswith("kit.")]:
             typer.echo(f"{key:28} {default:14} {text}")
         return
     files = [r for r in recipe or [] if "=" not in r and not r.startswith("~")]

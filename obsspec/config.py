@@ -7,6 +7,8 @@
   message is one line naming the file and the key; the CLI prints it and exits with code 2.
 - Overrides are dot-paths; the value is parsed as a YAML scalar (`a.b=3`, `a.c=true`,
   `a.d=[x, y]`). `~a.b` resets a key to its default.
+- `base: other.yaml` (a path relative to the recipe's folder) starts from that recipe: the file's
+  own keys are merged over it, section by section, and a base may have a base of its own.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ class Recipe:
     run_dir: str = doc("runs", "Where commands write their run directories (unless --out is given).")
     sandbox: SandboxConfig = doc(SandboxConfig(), "Sandbox isolation and limits (see SandboxConfig).")
     tasks: TasksConfig = doc(TasksConfig(), "Task suite generation and import.")
-    kit: KitConfig = doc(KitConfig(), "The tiny local model kit (used when a model is 'tiny').")
+    kit: KitConfig = doc(KitConfig(), "Research settings: how the tiny local models of the embedded "
+                                      "default are built ('tiny' models only; GPU recipes never read them).")
     policy: PolicyConfig = doc(PolicyConfig(), "The policy model and how it samples.")
     world_model: WorldModelConfig = doc(WorldModelConfig(), "The world model that drafts observations.")
     rollout: RolloutConfig = doc(RolloutConfig(), "Rollouts: mode, predictor, tasks, latency.")
@@ -130,24 +133,45 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> Recipe:
     where = "defaults"
     if path is not None:
         where = str(path)
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"{where}: recipe file not found")
-        try:
-            data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-            raise ConfigError(f"{where}: YAML syntax error{at}: {getattr(e, 'problem', e)}") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{where}: not UTF-8 text (byte {e.start})") from None
-        except RecursionError:
-            raise ConfigError(f"{where}: nested too deeply to be a recipe") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{where}: a recipe must be a mapping of keys, not {type(data).__name__}")
+        data = _read(Path(path), [])
     for item in overrides:
         _apply_override(data, item, where)
     return build(Recipe, data, where, "")
+
+
+def _read(p: Path, chain: list[Path]) -> dict:
+    """A recipe file's keys, merged over those of its `base:` (and its base's, ...)."""
+    where = " <- ".join(map(str, [*chain, p]))
+    if not p.is_file():
+        raise ConfigError(f"{where}: recipe file not found")
+    try:
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{where}: YAML syntax error{at}: {getattr(e, 'problem', e)}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply to be a recipe") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: a recipe must be a mapping of keys, not {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{where}: 'base' must be the path of another recipe, got {_short(base)}")
+    parent = (p.parent / base).resolve()
+    if parent in [q.resolve() for q in [*chain, p]]:
+        raise ConfigError(f"{where}: 'base' makes a loop through {parent}")
+    return _merge(_read(parent, [*chain, p]), data)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 _REPR = reprlib.Repr()  # (keyword arguments only from Python 3.12)

@@ -194,3 +194,20 @@ def test_a_pinned_clock_without_libfaketime_is_refused(monkeypatch):
         asyncio.run(start())
     cfg = SandboxConfig(timeout_s=3, memory_mb=1024, max_procs=64, deterministic=False)
     assert reward(task_by_id("dir-stats-00001"), [], cfg) == 0.0  # (runs, on the real clock)
+
+
+def test_the_uid_lock_folder_must_be_ours(tmp_path):
+    """The harness (root) creates lock files there: a folder another user can write to could hold
+    links that make it create files elsewhere."""
+    from obsspec.env.bwrap import HostUid
+
+    folder = tmp_path / "locks"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    with pytest.raises(OSError, match="no one else can write"):
+        HostUid(str(folder))
+    folder.chmod(0o700)
+    a, b = HostUid(str(folder)), HostUid(str(folder))
+    assert a.uid != b.uid, "two live sandboxes got the same host uid"
+    a.release()
+    b.release()

@@ -1,7 +1,7 @@
 """What the harness writes, walks and trusts after the agent has run: attacks on it through the
 real sandbox. Each must leave the reward at what the task's truth says (0 for an agent that did
 not solve the task) and never become an infrastructure error (an episode excluded from the
-advantage at the agent's will). The list, with the reasoning, is in docs/ENVIRONMENT.md.
+advantage at the agent's will). The list, with the reasoning, is in docs/REWARD_HACKS.md.
 """
 
 import asyncio

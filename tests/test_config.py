@@ -145,3 +145,10 @@ def test_a_recipe_can_start_from_a_base(tmp_path):
     (tmp_path / "child.yaml").write_text("base: nowhere.yaml\n")
     with pytest.raises(ConfigError, match="nowhere.yaml: recipe file not found"):
         load_recipe(tmp_path / "child.yaml")
+
+
+def test_the_32b_recipe_is_the_8b_recipe_with_a_larger_policy():
+    small, large = (to_dict(load_recipe(f"recipes/terminal-{n}.yaml")) for n in ("8b", "32b"))
+    differ = {(section, key) for section, values in small.items() if isinstance(values, dict)
+              for key in values if values[key] != large[section][key]}
+    assert differ == {("policy", "model"), ("train", "micro_batch_size")}, differ

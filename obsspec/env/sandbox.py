@@ -199,7 +199,10 @@ class Sandbox:
         if cfg.isolation == "bwrap":
             path = check_bwrap()
             if os.geteuid() == 0:
-                self._uid = bwrap.HostUid()
+                try:
+                    self._uid = bwrap.HostUid()
+                except OSError as e:
+                    raise SandboxUnavailable(f"cannot give the sandbox a host uid of its own: {e}") from None
             argv, fds = bwrap.argv(cfg, self.workdir, path, self._uid and self._uid.uid)
             cwd = "/"
         else:

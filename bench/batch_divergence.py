@@ -21,10 +21,11 @@ from obsspec.config import load_recipe
 from obsspec.rollout.events import EventBus
 from obsspec.rollout.predictors import HistoryCache
 from obsspec.rollout.config import sampling as make_sampling
-from obsspec.rollout.run import tool_factory, compare, episode_tasks, make_engine, model_paths
+from obsspec.build import make_engine, model_paths, tool_factory
+from obsspec.rollout_run import compare, episode_tasks
 from obsspec.rollout.scheduler import Scheduler
 from obsspec.tokens import ChatFormat
-from obsspec.ui.display import PlainDisplay
+from obsspec.progress import PlainDisplay
 
 
 def differing(a, b) -> dict:

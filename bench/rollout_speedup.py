@@ -39,10 +39,11 @@ from obsspec.rollout.events import EventBus
 from obsspec.rollout.metrics import SpecMetrics
 from obsspec.rollout.predictors import Corrupting
 from obsspec.rollout.config import sampling as make_sampling
-from obsspec.rollout.run import _predictor, tool_factory, compare, episode_tasks, make_engine, model_paths
+from obsspec.build import make_engine, model_paths, predictor_for, tool_factory
+from obsspec.rollout_run import compare, episode_tasks
 from obsspec.rollout.scheduler import Scheduler
 from obsspec.tokens import ChatFormat
-from obsspec.ui.display import PlainDisplay
+from obsspec.progress import PlainDisplay
 
 # Two-sided 95 % Student t quantiles by degrees of freedom (n - 1).
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
@@ -172,7 +173,7 @@ class Bench:
     def predictor(self, name: str, recorded):
         kind = "oracle" if name == "never_matches" else split_name(name)[0]
         r = self.recipe(f"rollout.predictor={kind}")
-        p = _predictor(r, self.fmt, self.wm_engine, recorded, None, self.episodes)
+        p = predictor_for(r, self.fmt, self.wm_engine, self.episodes, recorded)
         return Corrupting(p, every=1) if name == "never_matches" else p
 
     async def repetition(self, median: float, rep: int, names: list[str], recorded) -> list[dict]:

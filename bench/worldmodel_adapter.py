@@ -40,7 +40,7 @@ import time
 def rollouts(kit: str, tasks_dir: str, recipe, per_task: int, path: str):
     from obsspec.engines.hf import HFEngine
     from obsspec.env.suite import load_tasks
-    from obsspec.models.evaluate import rollout_tasks
+    from obsspec.rollout.batch import rollout_tasks
     from obsspec.models.tiny import load_pretrained
     from obsspec.rollout.config import sampling
     from obsspec.rollout.trajectory import Trajectory

@@ -2,7 +2,7 @@
 
 `rollout_dir(path)` runs the real scheduler (sequential, then speculative with an oracle whose
 every other draft is spoiled, so there are matches and rollbacks) with the scripted policy of
-tests/fakes.py and a fake tool (fixed latency, no sandbox), and writes what obsspec/rollout/run.py
+tests/fakes.py and a fake tool (fixed latency, no sandbox), and writes what obsspec/rollout_run.py
 writes: episodes.jsonl, trajectories-<mode>.jsonl, trace-<mode>.jsonl and summary.json.
 `training_dir(path)` writes a training run's metrics.jsonl (docs/REPORT.md) plus one rollout
 directory under rollouts/.
@@ -20,7 +20,7 @@ from obsspec.env.suite import generate_builtin
 from obsspec.rollout.events import EventBus, JsonlTrace
 from obsspec.rollout.metrics import SpecMetrics
 from obsspec.rollout.predictors import Corrupting, Oracle
-from obsspec.rollout.run import compare
+from obsspec.rollout_run import compare
 from obsspec.rollout.scheduler import Sampling, Scheduler
 from obsspec.rollout.tools import ToolResult
 from obsspec.tokens import ChatFormat

@@ -3,7 +3,7 @@
     run = load_run("runs/rollout")      # -> RunData
     run.breakdown("speculative")        # per-episode latency parts, from the trace
 
-A **rollout run** is what `obsspec rollout` writes (obsspec/rollout/run.py): `summary.json`,
+A **rollout run** is what `obsspec rollout` writes (obsspec/rollout_run.py): `summary.json`,
 `trace-<mode>.jsonl` (every event) and `trajectories-<mode>.jsonl`. Everything the report
 shows is derived from those events and turns; nothing else is read.
 

@@ -12,7 +12,8 @@ import is still a dependency). The layers, bottom to top (DESIGN.md section 3):
 - consumers  ui/, report/: they read events and run directories, never the trainer
 - top        cli.py, demo.py, __main__.py
 
-A module may import its own layer and the layers its row below names, nothing else.
+A module may import its own layer and the layers ALLOWED names for it, nothing else; and
+nothing (here or in bench/) imports another module's private name.
 
 Run: .venv/bin/python -m pytest -q tests/test_imports.py
 """
@@ -173,6 +174,17 @@ def test_no_import_cycles():
 def test_no_import_from_a_lower_layer_to_a_higher_one():
     bad = upward(graph())
     assert not bad, "imports against the layering (module (layer) -> module (layer)):\n" + "\n".join(bad)
+
+
+def test_nothing_imports_a_private_name_of_another_module():
+    """STYLE.md convention 10: `from obsspec.x import _name` reaches into another module."""
+    bad = []
+    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "bench").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("obsspec")):
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name} from {node.module}"
+                        for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad, "private names imported from another module:\n" + "\n".join(bad)
 
 
 def test_the_checks_see_a_cycle_and_an_upward_import(tmp_path):

@@ -10,7 +10,7 @@ latency, adapter size and swap time, all measured in one run.
    sampling; cached as OUT.rollouts.jsonl). The kit's world-model base never saw these episodes.
 2. Split by task instance (wm_train.eval_fraction, default here 0.5): the adapter trains on the
    rollouts of one half (`train_adapter`, the recipe's wm_train section), both models are judged
-   on the steps of the other half (`evaluate_models`: the rollout's predictor and `is_hit`).
+   on the steps of the other half (`evaluate_models`: the rollout's predictor and `ChatFormat.draft_hits`).
 3. Latency: mean greedy draft time (4 drafts in flight, as in a rollout batch) against the tool
    time recorded on the same steps (real sandbox) and against the recipe's emulated remote
    latency (rollout.latency) added on top: the "at the embedded recipe's tool latency" ratio.

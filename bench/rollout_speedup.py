@@ -35,13 +35,11 @@ import time
 from collections import defaultdict
 
 from obsspec.config import load_recipe
-from obsspec.rollout.events import EventBus
-from obsspec.rollout.metrics import SpecMetrics
 from obsspec.rollout.predictors import Corrupting
 from obsspec.rollout.config import sampling as make_sampling
 from obsspec.build import make_engine, model_paths, predictor_for, tool_factory
+from obsspec.rollout.batch import run_episodes
 from obsspec.rollout_run import compare, episode_tasks
-from obsspec.rollout.scheduler import Scheduler
 from obsspec.tokens import ChatFormat
 from obsspec.progress import PlainDisplay
 
@@ -158,17 +156,15 @@ class Bench:
             self.wm_engine.close()
 
     async def run(self, recipe, predictor=None, busy_limit: int | None = None):
-        bus, metrics, timings = EventBus(), SpecMetrics(), Timings()
-        bus.subscribe(metrics)
-        bus.subscribe(timings)
+        timings = Timings()
         busy = recipe.rollout.busy_limit if busy_limit is None else busy_limit
-        sched = Scheduler(self.policy, self.fmt, bus, self.sampling, cap=recipe.sandbox.output_cap,
-                          predictor=predictor, depth=recipe.rollout.depth, busy_limit=busy)
         before = engine_counts(self.policy)
-        trajs = await sched.run_batch(self.episodes, tool_factory(recipe, None), predictor is not None,
-                                      concurrency=recipe.rollout.concurrency)
+        batch = await run_episodes(self.policy, self.fmt, self.episodes, tool_factory(recipe, None), self.sampling,
+                                   cap=recipe.sandbox.output_cap, speculative=predictor is not None,
+                                   predictor=predictor, depth=recipe.rollout.depth, busy_limit=busy,
+                                   concurrency=recipe.rollout.concurrency, listeners=[timings])
         after = engine_counts(self.policy)
-        return trajs, metrics, timings, {k: after[k] - before[k] for k in after}
+        return batch.trajectories, batch.metrics, timings, {k: after[k] - before[k] for k in after}
 
     def predictor(self, name: str, recorded):
         kind = "oracle" if name == "never_matches" else split_name(name)[0]

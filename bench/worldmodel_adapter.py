@@ -38,7 +38,7 @@ import time
 
 
 def rollouts(kit: str, tasks_dir: str, recipe, per_task: int, path: str):
-    from obsspec.engines.hf import HFEngine
+    from obsspec.engines.hf import fast_engine
     from obsspec.env.suite import load_tasks
     from obsspec.rollout.batch import rollout_tasks
     from obsspec.models.tiny import load_pretrained
@@ -54,7 +54,7 @@ def rollouts(kit: str, tasks_dir: str, recipe, per_task: int, path: str):
     t0 = time.monotonic()
 
     async def run():
-        async with HFEngine(model, tokenizer, batch_invariant=False) as engine:
+        async with fast_engine(model, tokenizer) as engine:
             return await rollout_tasks(engine, ChatFormat(tokenizer), tasks, recipe.sandbox,
                                        sampling(recipe.policy, recipe.rollout.seed), concurrency=8)
 

@@ -2,6 +2,7 @@
 
     summary = run_rollout(recipe, out_dir="runs/rollout", mode="both", live="auto")
 
+Each mode is one batch of obsspec/rollout/batch.py; its parts come from obsspec/build.py.
 Writes under `out_dir`:
 - `episodes.jsonl`                 the tasks in episode order (what --replay needs)
 - `trajectories-<mode>.jsonl`      token ids, masks, logprobs, turns, reward per episode
@@ -17,7 +18,8 @@ import asyncio
 import os
 import statistics
 
-from obsspec.build import RolloutError, ensure_tasks, make_engine, model_paths, predictor_for, tool_factory, world_model_engine
+from obsspec.build import (RolloutError, ensure_tasks, make_engine, model_paths, predictor_for, tool_factory,
+                           world_model_engine)
 from obsspec.config import Recipe
 from obsspec.env.suite import load_tasks, spread
 from obsspec.env.task import Task
@@ -36,6 +38,8 @@ from obsspec.worldmodel.adapters import resolve_adapter
 
 
 async def episode_tasks(recipe: Recipe, display: Display) -> list[Task]:
+    """`rollout.num_tasks` tasks spread over the `rollout.split` split, each `rollout.group_size`
+    times in a row (a GRPO group)."""
     cfg = recipe.rollout
     tasks_dir = await ensure_tasks(recipe, display)
     tasks = load_tasks(os.path.join(tasks_dir, f"{cfg.split}.jsonl"))
@@ -74,7 +78,9 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
                     wm_engine = world_model_engine(recipe, wm_path, tokenizer)
                     if adapter is not None:
                         await wm_engine.load_adapter(adapter.name, adapter.path)
-                source = results.get("sequential") or (recorded and [Trajectory.from_dict(r) for r in recorded])
+                # the oracle answers from the sequential run just made, or from the replayed one
+                source = results.get("sequential") or (recorded and [Trajectory.from_dict(r) for r in recorded]) \
+                    if cfg.predictor == "oracle" else None
                 predictor = predictor_for(recipe, fmt, wm_engine, episodes, source, adapter.name if adapter else None)
             batch = await run_episodes(
                 policy, fmt, episodes, tool_factory(recipe, recorded), settings, cap=recipe.sandbox.output_cap,

@@ -7,14 +7,18 @@ Writes under `out_dir`:
 - `episodes.jsonl`                 the tasks in episode order (what --replay needs)
 - `trajectories-<mode>.jsonl`      token ids, masks, logprobs, turns, reward per episode
 - `trace-<mode>.jsonl`             every event; `trace.json` is the Chrome/Perfetto timeline
+- `models.json`                    where the policy and the world model were loaded from
 - `summary.json`                   the side-by-side table and whether the modes were token-identical
 With `replay_dir`, tools are not executed: each episode answers from that run's recorded
 observations and recorded tool latencies, to evaluate another predictor on the same episodes.
+A replay needs nothing but that directory: its tasks are in episodes.jsonl, and 'tiny' models
+are the ones models.json names (the kit the recording used), while they are still there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 
@@ -31,6 +35,8 @@ from obsspec.rollout.metrics import export_chrome_trace
 from obsspec.rollout.trajectory import Trajectory
 from obsspec.tokens import ChatFormat
 from obsspec.worldmodel.adapters import resolve_adapter
+
+MODELS = "models.json"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,11 +66,14 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
         episodes, recorded = _load_replay(replay_dir)
     else:
         episodes, recorded = await episode_tasks(recipe, display), None
-    policy_path, wm_path = model_paths(recipe, display)
+    policy_path, wm_path = _recorded_models(recipe, replay_dir) or model_paths(recipe, display)
     policy, tokenizer = make_engine(pol, policy_path, pol.max_batch_size)
     fmt = ChatFormat(tokenizer)
     wm_engine = None
     os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, MODELS), "w") as f:
+        json.dump({"policy": os.path.abspath(policy_path) if os.path.isdir(policy_path) else policy_path,
+                   "world_model": os.path.abspath(wm_path) if os.path.isdir(wm_path) else wm_path}, f, indent=2)
 
     settings = sampling(pol, cfg.seed)
     modes = ["sequential", "speculative"] if mode == "both" else [mode]
@@ -101,6 +110,24 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
         summary["comparison"] = compare(results["sequential"], results["speculative"])
     write_summary(out_dir, summary)
     return summary
+
+
+def _recorded_models(recipe: Recipe, replay_dir: str) -> tuple[str, str] | None:
+    """For a replay of a recipe with 'tiny' models: the kit the recording used (models.json),
+    if it is still on this machine; None means build or find the models as usual."""
+    path = os.path.join(replay_dir, MODELS) if replay_dir else ""
+    if "tiny" not in (recipe.policy.model, recipe.world_model.model) or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        try:
+            recorded = json.load(f)
+        except ValueError:
+            raise RolloutError(f"{path}: not JSON") from None
+    policy = recorded.get("policy", "") if recipe.policy.model == "tiny" else recipe.policy.model
+    wm = recorded.get("world_model", "") if recipe.world_model.model == "tiny" else recipe.world_model.model
+    if not all(isinstance(p, str) and os.path.isdir(p) for p in (policy, wm) if p.startswith("/")):
+        return None  # (another machine: the kit is built from the recipe's suite, as without a replay)
+    return policy, wm
 
 
 def _load_replay(run_dir: str) -> tuple[list[Task], list[dict]]:

@@ -1,11 +1,12 @@
 """`obsspec rollout` end to end on a micro model kit: both modes, traces, replay, bad input."""
 
 import json
+import os
 import shutil
 
 import pytest
 
-from test_cli import cli
+from test_cli import ROOT, cli
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")]
@@ -72,6 +73,21 @@ def test_replay_reuses_the_recorded_episodes(run_dir):
     matches = sum(e["kind"] == "match" for e in events)
     assert starts > 0 and matches > 0, f"no speculation happened: {starts} speculative starts, {matches} matches"
     assert spec["spec/exact_frac"] == 1.0, "an oracle replay's drafts are the recorded observations"
+
+
+def test_a_run_replays_from_its_own_directory(run_dir, tmp_path):
+    """Replay needed the original rollout.tasks_dir again ("runs/tasks: no trajectories.jsonl"):
+    the episodes' tasks are in the run, and its models.json names the kit it used."""
+    root, common, _ = run_dir
+    bare = [os.path.join(ROOT, c) if c.endswith(".yaml") else c for c in common
+            if not c.startswith(("rollout.tasks_dir=", "rollout.kit_cache="))]
+    r = cli("rollout", *bare, "rollout.predictor=oracle", "--mode", "speculative", "--replay", str(root / "run"),
+            "--out", str(tmp_path / "replay"), "--display", "none", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not (tmp_path / "runs").exists(), "the replay prepared a suite or built a kit of its own"
+    original = [json.loads(x)["ids"] for x in (root / "run" / "trajectories-sequential.jsonl").read_text().splitlines()]
+    again = [json.loads(x)["ids"] for x in (tmp_path / "replay" / "trajectories-speculative.jsonl").read_text().splitlines()]
+    assert again == original
 
 
 def test_rollout_bad_inputs_are_one_line(run_dir, tmp_path):

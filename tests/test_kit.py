@@ -565,12 +565,28 @@ def test_evaluation_is_a_sequential_rollout_in_real_sandboxes(fmt):
 
 
 def test_sampling_has_one_source_the_recipes_policy_section():
+    """Rollouts, evaluation, the kit and training sample as the recipe's policy section says:
+    `sampling()` is the only place in obsspec/ a Sampling is made, and what defaults Sampling
+    keeps are the policy section's (it had 12 turns, 256 tokens and 4096 positions against the
+    section's 8, 192 and 2048)."""
+    import ast
+    import dataclasses
+    import pathlib
+
     from obsspec.config import load_recipe
-    from obsspec.rollout.config import sampling
+    from obsspec.rollout.config import PolicyConfig, sampling
 
     recipe = load_recipe("recipes/tiny-cpu.yaml", ["policy.temperature=0.3", "policy.max_turns=2"])
     s = sampling(recipe.policy, seed=5)
     assert (s.temperature, s.max_turns, s.max_new_tokens, s.seed) == (0.3, 2, recipe.policy.max_new_tokens, 5)
+    policy = PolicyConfig()
+    assert all(getattr(policy, f.name) == f.default for f in dataclasses.fields(Sampling)
+               if f.default is not dataclasses.MISSING and f.name != "seed")
+    root = pathlib.Path(__file__).parent.parent / "obsspec"
+    makers = sorted(str(path.relative_to(root)) for path in root.rglob("*.py")
+                    for node in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Sampling")
+    assert makers == ["rollout/config.py"], f"a Sampling made outside sampling(): {makers}"
 
 
 class EchoWorldModel:

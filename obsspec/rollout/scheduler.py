@@ -52,18 +52,24 @@ from obsspec.rollout.scope import EpisodeScope, run_to_the_end
 from obsspec.rollout.tools import ReplayDiverged, Tool
 from obsspec.rollout.trajectory import Trajectory, Turn
 
+@dataclass(frozen=True)
+class Sampling:
+    """How the scheduler samples the policy. Made from the recipe's policy section by
+    `rollout.config.sampling()`; the budgets have no defaults here, so that no second set of
+    them can disagree with the recipe's (temperature and top_p default as the recipe's do)."""
+
+    max_turns: int
+    max_new_tokens: int
+    max_context: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
 # The failures that are not the agent's and not ours to fix in code: the episode is excluded.
 INFRA_ERRORS: tuple[type[BaseException], ...] = (SandboxError, EngineClosedError, ReplayDiverged)
 
 
-@dataclass(frozen=True)
-class Sampling:
-    max_turns: int = 12
-    max_new_tokens: int = 256
-    max_context: int = 4096
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
 
 
 @dataclass(eq=False)

@@ -1,6 +1,6 @@
 """obsspec: lossless observation speculation for agentic RL on terminal tasks.
 
-See README.md for the commands and DESIGN.md (shared) for the method.
+See README.md for the commands and docs/ROLLOUT.md for the method.
 """
 
 __version__ = "0.1.0"

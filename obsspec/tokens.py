@@ -20,7 +20,7 @@ observation reads "\\n<|im_start|>user\\n<tool_response>\\n{body}\\n</tool_respo
 (the policy never generates it). The four pieces OBS_PREFIX, body, OBS_CLOSE and AFTER_OBS are
 encoded SEPARATELY and concatenated, so:
 - the body's ids are exactly `encode(body)`, whatever it starts or ends with; speculation
-  compares these ids (DESIGN.md section 2);
+  compares these ids (docs/ROLLOUT.md, "One turn");
 - the world model's prompt is `history + action + encode(OBS_PREFIX)` and its target is
   `encode(body) + encode(OBS_CLOSE)`, which is token for token what the policy sees next.
 A malformed call gets `observation_ids(chat.error_observation(message))`: the same wrapper.

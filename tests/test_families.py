@@ -1,6 +1,6 @@
 """Built-in task families: seeded, varied, and valid in the real sandbox.
 
-Validity is the invariant DESIGN.md section 5 asks of every built-in task: its reference
+Validity is the invariant every built-in task keeps (docs/ENVIRONMENT.md): its reference
 solution passes its verifier, and an episode that does nothing fails it.
 """
 

@@ -1,7 +1,7 @@
 """The package's import graph: no cycles, and no import from a lower layer to a higher one.
 
 Every module under obsspec/ is parsed with `ast` (imports inside functions count too: a lazy
-import is still a dependency). The layers, bottom to top (DESIGN.md section 3):
+import is still a dependency). The layers, bottom to top (README.md, "Layout"):
 
 - base       chat, tokens, commands, fields, jsonl, progress, env/, engines/
 - rollout    rollout/ (the episode loop, predictors, tools), sim/ (the rollout simulator)
@@ -177,7 +177,7 @@ def test_no_import_from_a_lower_layer_to_a_higher_one():
 
 
 def test_nothing_imports_a_private_name_of_another_module():
-    """STYLE.md convention 10: `from obsspec.x import _name` reaches into another module."""
+    """A private name: `from obsspec.x import _name` reaches into another module."""
     bad = []
     for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "bench").glob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

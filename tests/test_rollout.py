@@ -1,4 +1,4 @@
-"""The method's invariants (DESIGN.md section 2), each checked against a real sandbox.
+"""The method's invariants (docs/ROLLOUT.md, "Invariant tests"), each checked against a real sandbox.
 
 - Lossless: speculative and sequential rollouts give identical token ids, masks, logprobs and
   rewards — with an oracle (all hits), forced rollbacks, forced exec_won, breadth 2, depth 2 and 3.

@@ -1,7 +1,7 @@
 """The regime simulator: its engine, its episodes against closed forms, its regimes, its CLI.
 
 Closed forms: with no contention, sequential latency is the sum of generations and tools, and the
-speculative saving is exactly DESIGN.md section 7's bound; at saturation with low-priority
+speculative saving is exactly docs/ROLLOUT.md's bound ("How much speculation can save"); at saturation with low-priority
 speculation nothing is gained. The validation against measured runs (docs/BENCHMARKS.md) is
 re-checked on the recorded results.
 """

@@ -1,7 +1,7 @@
 """A block prefix cache for the hf engine's prefills: prompts that share a beginning compute it once.
 
 A world model's prompts repeat themselves: every draft of an episode starts with the episode's
-whole history so far (DESIGN.md section 2, step 3), and every episode of a GRPO group starts with
+whole history so far (docs/ROLLOUT.md, "One turn"), and every episode of a GRPO group starts with
 the same workspace snapshot and instruction. In one profile of a snapshot world model, prefill took
 more of the drafts' time than decode (docs/WORLDMODEL.md); measured gains: docs/ENGINES.md. This cache keeps the keys and values of prompt *blocks* (`block`
 tokens each) and reuses them for any later prompt that begins with the same tokens.

@@ -42,7 +42,7 @@ class EpisodeRecord:
 
 
 def observation(result: ExecResult, config: SandboxConfig) -> str:
-    """The observation body for one command result (DESIGN.md section 4)."""
+    """The observation body for one command result (obsspec/chat.py: stdout and stderr, a cap, the exit code)."""
     return chat.format_observation(
         result.output, result.exit_code, timed_out=result.timed_out, timeout_s=result.timeout_s or config.timeout_s,
         cap=config.output_cap, total_bytes=result.total_bytes,

@@ -7,7 +7,7 @@
                                   reward_file=task.reward_file)
     await sandbox.close()                                  # kills everything, frees everything
 
-What an episode gets (DESIGN.md section 5):
+What an episode gets (docs/ENVIRONMENT.md):
 - a private workspace at `workdir` (a size-limited tmpfs: the quota on all the agent writes
   there), read-only /usr, /etc and /; its own /tmp, HOME, hostname, user (`agent`, uid 1000),
   PID, IPC, UTS and network namespaces (no network); nothing of the host's temp dirs, home or

@@ -1,6 +1,6 @@
 """The tiny local model kit: a tokenizer, a policy and a world-model base built on this machine.
 
-No model can be downloaded here (DESIGN.md section 6), so the embedded default trains its own:
+No model can be downloaded here (docs/MODELS.md), so the embedded default trains its own:
 
 - `tokenizer.py`   byte-level BPE trained on the task corpus, shared by policy and world model
 - `tiny.py`        tiny Qwen3 models from config; `load_pretrained` takes a hub name or a folder

@@ -1,4 +1,4 @@
-"""Metrics from the event stream (names per DESIGN.md section 4), and a Chrome-trace export.
+"""Metrics from the event stream (names as the published method's; docs/ROLLOUT.md, "Reading the output"), and a Chrome-trace export.
 
     metrics = SpecMetrics(); bus.subscribe(metrics); ...; metrics.summary()
 

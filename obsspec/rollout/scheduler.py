@@ -1,6 +1,6 @@
 """The rollout scheduler: episodes run sequentially or with observation speculation.
 
-Both modes share one episode loop (DESIGN.md section 2). Per turn: the policy generates an action
+Both modes share one episode loop (docs/ROLLOUT.md). Per turn: the policy generates an action
 from the committed token history with a seed derived from (episode, turn); a `bash` call runs in
 the tool. In speculative mode, a predictor is asked for the observation at the same time; if its
 draft arrives before the tool finishes, each distinct draft is encoded exactly as a real

@@ -1,4 +1,4 @@
-"""Discrete-event simulation of a batch of episodes, sequential or speculative (DESIGN.md section 2).
+"""Discrete-event simulation of a batch of episodes, sequential or speculative (docs/ROLLOUT.md).
 
     result = simulate_batch(cfg, workload, speculative=True)   # -> BatchResult
 

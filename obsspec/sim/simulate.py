@@ -24,7 +24,7 @@ from obsspec.sim.workload import RecordedRun, synthetic
 
 
 def bound(workload: list[list[SimTurn]], seq: BatchResult) -> float:
-    """DESIGN.md section 7 from the simulated sequential run: per bash turn followed by an
+    """The bound of docs/ROLLOUT.md ("How much speculation can save") from the simulated sequential run: per bash turn followed by an
     action, hit * max(0, min(G_next, T - W)), over the total sequential latency."""
     saving = 0.0
     for turns, ep in zip(workload, seq.episodes):

@@ -23,7 +23,7 @@ from obsspec.tokens import ChatFormat
 class WMCase:
     """One step: what the world model sees, and what the tool really printed."""
 
-    prompt_ids: tuple[int, ...]   # history + action + observation opening (DESIGN.md section 2)
+    prompt_ids: tuple[int, ...]   # history + action + observation opening (docs/ROLLOUT.md, "One turn")
     body: str                     # the real observation body
     command: str
     tool_sec: float = 0.0         # the tool's latency for this step, when recorded

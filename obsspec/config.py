@@ -77,6 +77,12 @@ class Recipe:
             raise ValueError(f"world_model.snapshot_tokens ({wm.snapshot_tokens}) leaves no room in "
                              f"wm_train.max_length ({self.wm_train.max_length}): raise it or lower "
                              "world_model.snapshot_tokens")
+        t = self.train
+        own_suite = not self.rollout.tasks_dir and not self.tasks.harbor_dir and self.tasks.families
+        if own_suite and set(t.families) - set(self.tasks.families):
+            raise ValueError(f"train.families {sorted(set(t.families) - set(self.tasks.families))} are not in the "
+                             f"suite this recipe prepares (tasks.families {list(self.tasks.families)}): training "
+                             "would find no task of them; add them to tasks.families or drop them")
         need = min_draft_tokens(self.sandbox.output_cap)
         if self.world_model.max_tokens < need:
             raise ValueError(f"world_model.max_tokens ({self.world_model.max_tokens}) cannot hold an "

@@ -152,3 +152,10 @@ def test_the_32b_recipe_is_the_8b_recipe_with_a_larger_policy():
     differ = {(section, key) for section, values in small.items() if isinstance(values, dict)
               for key in values if values[key] != large[section][key]}
     assert differ == {("policy", "model"), ("train", "micro_batch_size")}, differ
+
+
+def test_train_families_must_be_in_the_suite_the_recipe_prepares():
+    with pytest.raises(ConfigError, match=r"train.families \['csv-filter'\] are not in the suite"):
+        load_recipe("recipes/tiny-cpu.yaml", ["train.families=[csv-filter]"])
+    # another suite (rollout.tasks_dir) is not the recipe's own: its families are its own
+    load_recipe("recipes/tiny-cpu.yaml", ["train.families=[csv-filter]", "rollout.tasks_dir=elsewhere"])

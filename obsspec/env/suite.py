@@ -49,7 +49,8 @@ class TasksConfig:
     """The recipe's `tasks` section: which tasks a suite holds and how they are checked."""
 
     builtin: bool = doc(True, "Generate the built-in task families (obsspec/env/families).")
-    families: tuple[str, ...] = doc((), "Built-in families to use; empty = all of them.")
+    families: tuple[str, ...] = doc((), "Built-in families the suite is made of; empty = all of them "
+                                        "(train.families picks among them for training).")
     num_instances: int = doc(1000, "How many built-in instances to generate (spread over families).")
     seed: int = doc(0, "Seed of the task generators: same seed, byte-identical task suite.")
     val_fraction: float = doc(0.1, "Fraction of instances (per family) held out as validation.")

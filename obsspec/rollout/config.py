@@ -108,7 +108,8 @@ class RolloutConfig:
     breadth: int = doc(1, "Drafts per turn (world model: greedy + sampled).")
     split: str = doc("val", "Which split of the prepared suite to roll out on: train or val.")
     num_tasks: int = doc(8, "Tasks taken from the split, spread evenly over it (so over its families).")
-    group_size: int = doc(4, "Episodes per task (a GRPO group: same task, different seeds).")
+    group_size: int = doc(4, "Episodes per task in `obsspec rollout` (a GRPO group: same task, different "
+                             "seeds); training uses train.group_size.")
     concurrency: int = doc(0, "Episodes running at once (0 = all).")
     busy_limit: int = doc(0, "Do not speculate on a command while this many committed policy "
                              "generations (or more) are in flight: a busy engine has no idle "

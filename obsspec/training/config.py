@@ -16,11 +16,13 @@ from obsspec.worldmodel.config import peft_lora
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = doc(40, "Optimizer steps (each: one round of rollouts, then one GRPO update).")
-    families: tuple[str, ...] = doc((), "Train (and evaluate) on these task families only; empty = "
-                                        "every family of the suite. GRPO learns nothing from tasks "
-                                        "the policy never solves (every group's advantage is 0).")
+    families: tuple[str, ...] = doc((), "Train (and evaluate) on these families of the suite only "
+                                        "(the suite itself is tasks.families, or rollout.tasks_dir); "
+                                        "empty = every family of the suite. GRPO learns nothing from "
+                                        "tasks the policy never solves (every group's advantage is 0).")
     tasks_per_step: int = doc(4, "Train tasks per step (distinct prompts).")
-    group_size: int = doc(4, "Episodes per task (the GRPO group whose mean is the baseline).")
+    group_size: int = doc(4, "Episodes per task in training (the GRPO group whose mean is the "
+                             "baseline); `obsspec rollout` uses rollout.group_size.")
     micro_batch_size: int = doc(16, "Episodes per forward/backward pass on one process; the step's "
                                     "episodes are accumulated over as many passes as needed.")
     learning_rate: float = doc(1e-6, "Peak learning rate of the policy (AdamW).")

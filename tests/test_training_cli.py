@@ -278,8 +278,13 @@ def test_rollouts_of_step_k_plus_1_run_on_the_weights_step_k_left(root, tmp_path
     monkeypatch.setattr(R.Rollouts, "reward", alternating)
     monkeypatch.setattr(S.MetricsLog, "on_log", spy_log)
     recipe = load_recipe(common(root)[0], [*common(root)[1:], "train.steps=3", "train.eval_tasks=0",
-                                            "train.cotrain_every=0", f"train.policy_lora_rank={lora_rank}"])
+                                            "train.cotrain_every=0", f"train.policy_lora_rank={lora_rank}",
+                                            "train.report_to=tensorboard"])
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
     grpo.run_training(recipe, str(tmp_path / "live"))
+    # the two parametrizations are two runs in this one process: each logs to its own folder
+    assert list((tmp_path / "live" / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard log in the run"
+    assert "TENSORBOARD_LOGGING_DIR" not in os.environ
     assert sorted(at_rollout) == [1, 2, 3] and sorted(after_step) == [1, 2, 3]
     for k in (1, 2):
         assert at_rollout[k + 1] == after_step[k], f"step {k + 1}'s rollouts did not use step {k}'s weights"

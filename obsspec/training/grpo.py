@@ -138,7 +138,8 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     state = PartialState(cpu=recipe.policy.device != "cuda" or not torch.cuda.is_available())
     found = checkpoints.find_checkpoints(os.path.join(out_dir, "checkpoints"))
     checkpoint = found.resume_from
-    _check_run_dir(recipe, out_dir, resume, found.complete or found.incomplete)  # every process, before anyone writes
+    # every process, before anyone writes
+    _check_run_dir(recipe, out_dir, resume, bool(found.complete or found.incomplete))
     state.wait_for_everyone()
     if state.is_main_process:
         os.makedirs(out_dir, exist_ok=True)
@@ -193,7 +194,7 @@ def _recipe_json(recipe: Recipe) -> dict:
     return {**json.loads(json.dumps(dataclasses.asdict(recipe), default=list)), "task_order": TASK_ORDER}
 
 
-def _check_run_dir(recipe: Recipe, out_dir: str, resume: bool, checkpoint) -> None:
+def _check_run_dir(recipe: Recipe, out_dir: str, resume: bool, checkpoint: bool) -> None:
     saved = os.path.join(out_dir, "recipe.json")
     current = _recipe_json(recipe)
     if resume:

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all bench clean
+.PHONY: install demo test test-fast bench clean
 
 # The venv is rebuilt when pyproject.toml changes. bubblewrap (the sandbox), faketime (the
 # pinned clock inside it) and chromium (the report's headless-browser test) are Debian
@@ -28,6 +28,10 @@ demo: install
 # Fast unit tests and the integration tests (real sandbox, real CLI, tiny local models).
 test: install
 	$(BIN)/python -m pytest -q --durations=15 -m "not gpu" tests
+
+# The developer's loop: everything but the slow tier (tests/conftest.py), in under a minute.
+test-fast: install
+	$(BIN)/python -m pytest -q --durations=5 -m "not gpu and not slow" tests
 
 bench: install
 	$(BIN)/python bench/sandbox_overhead.py

@@ -16,7 +16,7 @@ slow drift of the machine cancels out). The predictors are the requested ones pl
   the episodes that came out token-identical in all three (an episode whose tool printed
   something else another time did other work);
 - A/A: the second sequential run against the first, the noise every row carries;
-- the bound of DESIGN.md section 7 from the measured per-turn tool time T, world-model time W,
+- the bound (docs/ROLLOUT.md, "How much speculation can save") from the measured per-turn tool time T, world-model time W,
   next-generation time G and hit rate a:  saving per turn = a * max(0, min(G, T - W)).
 Per (latency, predictor) it reports the mean over repetitions with a 95 % interval, the bound,
 and measured / bound (target >= 0.8; never_matches: cost <= 2 %). Prints JSON lines as it goes and

@@ -1,6 +1,6 @@
 """The GPU-scale headline: simulated latency reduction of an 8B and a 32B policy on an H100-class GPU.
 
-    .venv/bin/python bench/sim_headline.py [--out docs/sim_headline.json] [--plot docs/sim_headline.png]
+    .venv/bin/python bench/sim_headline.py [--out bench/results/sim_headline.json] [--plot bench/results/sim_headline.png]
 
 Presets `h100-8b` and `h100-32b` (obsspec/sim/presets.py: engine speeds are assumptions from
 public vLLM figures, a 0.6B world model, 32 episodes of 16 turns per engine) over tool latency

@@ -1,9 +1,9 @@
 """Validate `obsspec simulate` against the measured rollout speed-ups (bench/rollout_speedup.py).
 
-    .venv/bin/python bench/sim_validation.py [--plot docs/sim_validation.png] [--out docs/sim_validation.json]
+    .venv/bin/python bench/sim_validation.py [--plot bench/results/sim_validation.png] [--out bench/results/sim_validation.json]
         [--no-prefill]
 
-For each recorded setting in docs/rollout_speedup*.json (emulated tool latency median,
+For each recorded setting in bench/results/rollout_speedup*.json (emulated tool latency median,
 concurrency, depth) and each predictor with a known hit rate (oracle: every draft right;
 never_matches: every draft wrong), it builds the simulator's inputs from what the SEQUENTIAL runs
 measured plus the predictor's hit rate, and predicts the speculative run:
@@ -55,7 +55,7 @@ SEEDS = 6  # workload draws per setting (each with its own engine fit)
 
 
 def load(name: str) -> dict | None:
-    path = os.path.join(ROOT, "docs", name)
+    path = os.path.join(ROOT, "bench", "results", name)
     if not os.path.exists(path):
         return None
     with open(path) as f:

@@ -1,7 +1,7 @@
 """The tiny training run, with world-model co-training on and off, in one invocation.
 
     .venv/bin/python bench/train_tiny.py [--recipe recipes/tiny-cpu.yaml] [--out runs/bench-train]
-        [--variants cotrain,no_cotrain] [--plot docs/train_tiny.png] [key=value ...]
+        [--variants cotrain,no_cotrain] [--plot bench/results/train_tiny.png] [key=value ...]
 
 Each variant is a real `obsspec train` run (a child process) on the same task suite, the same
 kit and the same seeds; only `train.cotrain_every` differs (the recipe's vs 0). The policy's episodes are

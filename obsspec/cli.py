@@ -187,8 +187,8 @@ def rollout_cmd(
     out_dir = out or os.path.join(rec.run_dir, "rollout")
     if replay and os.path.abspath(replay) == os.path.abspath(out_dir):
         raise ConfigError("--replay and --out must differ (the replay reads that directory)")
-    live_kind = "none" if display == "none" else display
-    summary = run_rollout(rec, out_dir, rec.rollout.mode, replay, make_live(live_kind), _display(display))
+    progress = _display(display)  # (checks --display before anything starts)
+    summary = run_rollout(rec, out_dir, rec.rollout.mode, replay, make_live(display), progress)
     print_rollout_table(summary)
 
 
@@ -233,9 +233,9 @@ def train_cmd(
         typer.echo(json.dumps({"command": "train", "dry_run": True, "out_dir": out_dir,
                                **training_plan(rec, processes)}, indent=2))
         return
-    live_kind = "none" if display == "none" else display
-    summary = run_training(rec, out_dir, resume=resume, live=make_live(live_kind, "training"),
-                           display=_display(display))
+    progress = _display(display)  # (checks --display before anything starts)
+    summary = run_training(rec, out_dir, resume=resume, live=make_live(display, "training"),
+                           display=progress)
     if summary:
         from obsspec.ui.tables import print_training_table
 
@@ -286,7 +286,7 @@ def validate_cmd(
     recipe: List[str] = typer.Argument(None, help="Recipe files to check (overrides may follow each)."),
     explain_fields: bool = typer.Option(False, "--explain", help="List every recipe key with its default and meaning."),
 ):
-    """Check recipes (keys, types, cross-field rules) without running anything.
+    """Check recipes (keys, types, cross-field rules, what training needs) without running anything.
 
     **Examples**
 
@@ -297,13 +297,22 @@ def validate_cmd(
         obsspec validate --explain
     """
     if explain_fields:
-        for key, default, text in explain():
+        rows = explain()
+        for key, default, text in [r for r in rows if not r[0].startswith("kit.")]:
+            typer.echo(f"{key:28} {default:14} {text}")
+        typer.echo("\n# kit.*: research settings of the tiny model kit (the embedded default's models: "
+                   "shapes, training budgets, extra data); 'tiny' models only")
+        for key, default, text in [r for r in rows if r[0].startswith("kit.")]:
             typer.echo(f"{key:28} {default:14} {text}")
         return
     files = [r for r in recipe or [] if "=" not in r and not r.startswith("~")]
     overrides = [r for r in recipe or [] if r not in files]
     for path in files or [None]:
         rec = load_recipe(path, overrides)
+        try:
+            rec.check_training()  # (one process; under torchrun, `train --dry-run` checks the split)
+        except ValueError as e:
+            raise ConfigError(f"{path or 'defaults'}: `obsspec train` cannot run it: {e}") from None
         typer.echo(f"ok: {path or 'defaults'} ({rec.name})")
 
 

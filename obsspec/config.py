@@ -7,6 +7,8 @@
   message is one line naming the file and the key; the CLI prints it and exits with code 2.
 - Overrides are dot-paths; the value is parsed as a YAML scalar (`a.b=3`, `a.c=true`,
   `a.d=[x, y]`). `~a.b` resets a key to its default.
+- `base: other.yaml` (a path relative to the recipe's folder) starts from that recipe: the file's
+  own keys are merged over it, section by section, and a base may have a base of its own.
 """
 
 from __future__ import annotations
@@ -61,10 +63,10 @@ class TasksConfig:
 class Recipe:
     name: str = doc("recipe", "A name for runs of this recipe (used in run directory names).")
     run_dir: str = doc("runs", "Where commands write their run directories (unless --out is given).")
-    seed: int = doc(0, "Global seed.")
     sandbox: SandboxConfig = doc(SandboxConfig(), "Sandbox isolation and limits (see SandboxConfig).")
     tasks: TasksConfig = doc(TasksConfig(), "Task suite generation and import.")
-    kit: KitConfig = doc(KitConfig(), "The tiny local model kit (used when a model is 'tiny').")
+    kit: KitConfig = doc(KitConfig(), "Research settings: how the tiny local models of the embedded "
+                                      "default are built ('tiny' models only; GPU recipes never read them).")
     policy: PolicyConfig = doc(PolicyConfig(), "The policy model and how it samples.")
     world_model: WorldModelConfig = doc(WorldModelConfig(), "The world model that drafts observations.")
     rollout: RolloutConfig = doc(RolloutConfig(), "Rollouts: mode, predictor, tasks, latency.")
@@ -100,6 +102,21 @@ class Recipe:
                              f"set it to at least {need}, or lower sandbox.output_cap")
 
 
+    def check_training(self, num_processes: int = 1) -> None:
+        """What `obsspec train` needs beyond a valid recipe (rollouts can do without): a
+        ValueError naming the keys to change. `validate` runs it too."""
+        t, pol = self.train, self.policy
+        t.accumulation(num_processes)
+        if pol.engine == "vllm" and not t.policy_lora_rank:
+            raise ValueError("policy.engine=vllm needs train.policy_lora_rank > 0: obsspec pushes a "
+                             "policy LoRA to the vLLM server before every round of rollouts, not full "
+                             "weights, so full fine-tuning would roll out off-policy. Set "
+                             "train.policy_lora_rank, or use policy.engine=hf (it serves the live weights)")
+        if pol.temperature <= 0:
+            raise ValueError("policy.temperature is 0 (greedy): every episode of a GRPO group would be "
+                             "the same, so no group has signal; set policy.temperature > 0")
+
+
 def min_draft_tokens(output_cap: int) -> int:
     """Draft budget for an observation at the cap: a byte-level tokenizer spends at most one token
     per ASCII character, plus room for the truncation marker, the exit code and the closing tag."""
@@ -116,24 +133,45 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> Recipe:
     where = "defaults"
     if path is not None:
         where = str(path)
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"{where}: recipe file not found")
-        try:
-            data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-            raise ConfigError(f"{where}: YAML syntax error{at}: {getattr(e, 'problem', e)}") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{where}: not UTF-8 text (byte {e.start})") from None
-        except RecursionError:
-            raise ConfigError(f"{where}: nested too deeply to be a recipe") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{where}: a recipe must be a mapping of keys, not {type(data).__name__}")
+        data = _read(Path(path), [])
     for item in overrides:
         _apply_override(data, item, where)
     return build(Recipe, data, where, "")
+
+
+def _read(p: Path, chain: list[Path]) -> dict:
+    """A recipe file's keys, merged over those of its `base:` (and its base's, ...)."""
+    where = " <- ".join(map(str, [*chain, p]))
+    if not p.is_file():
+        raise ConfigError(f"{where}: recipe file not found")
+    try:
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{where}: YAML syntax error{at}: {getattr(e, 'problem', e)}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply to be a recipe") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: a recipe must be a mapping of keys, not {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{where}: 'base' must be the path of another recipe, got {_short(base)}")
+    parent = (p.parent / base).resolve()
+    if parent in [q.resolve() for q in [*chain, p]]:
+        raise ConfigError(f"{where}: 'base' makes a loop through {parent}")
+    return _merge(_read(parent, [*chain, p]), data)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 _REPR = reprlib.Repr()  # (keyword arguments only from Python 3.12)
@@ -162,8 +200,22 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _check_key(path: str, where: str) -> None:
+    """A dot-path must name a recipe key (a mistyped `~key` used to be ignored without a word)."""
+    cls = Recipe
+    for i, k in enumerate(path.split(".")):
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if k not in fields:
+            prefix = ".".join(path.split(".")[:i])
+            label = prefix or "recipe"
+            raise ConfigError(f"{where}: unknown key '{path}' (known keys of {label}: {', '.join(sorted(fields))})"
+                              if fields else f"{where}: unknown key '{path}' ({prefix} has no keys)")
+        cls = typing.get_type_hints(cls)[k]
+
+
 def _apply_override(data: dict, item: str, where: str) -> None:
     if item.startswith("~"):
+        _check_key(item[1:], where)
         keys = item[1:].split(".")
         node = data
         for k in keys[:-1]:

@@ -143,3 +143,24 @@ def test_limits_no_sandbox_can_run_with_are_refused_by_validate():
                               ("sandbox.turn_seconds=100000000000000", "sandbox.turn_seconds must be in 0..")):
         r = cli("validate", "recipes/tiny-cpu.yaml", override)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-500:]
+
+
+@pytest.mark.parametrize("command", ["rollout", "train"])
+def test_a_bad_display_is_one_line_before_anything_starts(command, tmp_path):
+    r = cli(command, "recipes/tiny-cpu.yaml", "--display", "bogus", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "--display must be auto, rich, plain or none" in r.stderr, r.stderr[-500:]
+    assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_mistyped_reset_key_is_refused():
+    r = cli("validate", "recipes/tiny-cpu.yaml", "~sandbox.timeout")
+    assert r.returncode == 2 and "unknown key 'sandbox.timeout'" in r.stderr, r.stderr[-500:]
+    assert cli("validate", "recipes/tiny-cpu.yaml", "~sandbox.timeout_s").returncode == 0
+
+
+def test_validate_refuses_what_train_cannot_run():
+    """`validate ... train.micro_batch_size=5` said ok, and `train` then exited 2."""
+    for override, message in (("train.micro_batch_size=5", "must split evenly"),
+                              ("policy.temperature=0", "policy.temperature is 0")):
+        r = cli("validate", "recipes/tiny-cpu.yaml", override)
+        assert r.returncode == 2 and "`obsspec train` cannot run it" in r.stderr and message in r.stderr, r.stderr

@@ -131,3 +131,24 @@ def test_hostile_recipe_files_are_one_short_line(tmp_path):
         with pytest.raises(ConfigError) as e:
             load_recipe(path, [])
         assert message in str(e.value) and len(str(e.value)) < 400, str(e.value)[:200]
+
+
+def test_a_recipe_can_start_from_a_base(tmp_path):
+    (tmp_path / "base.yaml").write_text("name: big\nsandbox:\n  timeout_s: 7\n  output_cap: 1000\n"
+                                        "world_model:\n  max_tokens: 1064\n")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\nname: small\nsandbox:\n  timeout_s: 3\n")
+    rec = load_recipe(tmp_path / "child.yaml", ["sandbox.memory_mb=512"])
+    assert (rec.name, rec.sandbox.timeout_s, rec.sandbox.output_cap, rec.sandbox.memory_mb) == ("small", 3.0, 1000, 512)
+    (tmp_path / "base.yaml").write_text("base: child.yaml\n")
+    with pytest.raises(ConfigError, match="makes a loop"):
+        load_recipe(tmp_path / "child.yaml")
+    (tmp_path / "child.yaml").write_text("base: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match="nowhere.yaml: recipe file not found"):
+        load_recipe(tmp_path / "child.yaml")
+
+
+def test_the_32b_recipe_is_the_8b_recipe_with_a_larger_policy():
+    small, large = (to_dict(load_recipe(f"recipes/terminal-{n}.yaml")) for n in ("8b", "32b"))
+    differ = {(section, key) for section, values in small.items() if isinstance(values, dict)
+              for key in values if values[key] != large[section][key]}
+    assert differ == {("policy", "model"), ("train", "micro_batch_size")}, differ

@@ -2,7 +2,7 @@
 sandbox and the real verifiers. Each must leave the reward at what the task's truth says (0 for
 an agent that did not solve the task) and must not turn a failure into an infrastructure error
 (which would exclude the episode from the advantage instead of scoring it). The list, with the
-reasoning, is in docs/ENVIRONMENT.md ("Reward hacks tried").
+reasoning, is in docs/REWARD_HACKS.md.
 """
 
 import asyncio

@@ -1,11 +1,12 @@
 """What the harness writes, walks and trusts after the agent has run: attacks on it through the
 real sandbox. Each must leave the reward at what the task's truth says (0 for an agent that did
 not solve the task) and never become an infrastructure error (an episode excluded from the
-advantage at the agent's will). The list, with the reasoning, is in docs/ENVIRONMENT.md.
+advantage at the agent's will). The list, with the reasoning, is in docs/REWARD_HACKS.md.
 """
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -34,12 +35,23 @@ for n in (1<<20,4096,1):
   except OSError: pass
 os.unlink("{dir}/.x"); a,b=socket.socketpair(socket.AF_UNIX,socket.SOCK_DGRAM)
 a.sendmsg([b"x"],[(1,1,array.array("i",[f,b.fileno()]))]); os.close(f); a.close(); select.select([],[],[],.3)
-os.set_inheritable(b.fileno(),1); os.execv("/usr/bin/sleep",["sleep","99"])' & sleep .6"""
+open("/tmp/.pinned","w").close()
+os.set_inheritable(b.fileno(),1); os.execv("/usr/bin/sleep",["sleep","99"])' &
+for i in $(seq 400); do [ -e /tmp/.pinned ] && echo pinned && break; sleep 0.05; done"""
 
 
 def reward(task, commands, config=CFG):
     record = asyncio.run(run_scripted(task, commands, config))
     assert record.infra_error == "", f"a hack turned a failure into an infra error: {record.infra_error}"
+    return record.reward
+
+
+def pinned_reward(task, commands, where):
+    """The reward after `commands` and then the pin of `where` (checked to have happened: on a
+    busy machine the command could end before the pin was in place, and prove nothing)."""
+    record = asyncio.run(run_scripted(task, [*commands, PIN.format(dir=where)], CFG))
+    assert record.infra_error == "", f"a hack turned a failure into an infra error: {record.infra_error}"
+    assert record.steps[-1].observation.startswith("pinned"), record.steps[-1].observation
     return record.reward
 
 
@@ -53,16 +65,15 @@ def test_a_pinned_full_tmpfs_is_tampering_not_an_empty_verifier(where):
     unchecked, an empty test.sh exited 0: reward 1 on every built-in family and on Harbor tasks,
     20 of 20. The same pin in /tests made an infra error the agent chose. The verifier now
     reaches bash on a pipe, and an emptied tmpfs that still counts blocks scores 0."""
-    pin = PIN.format(dir=where)
-    assert reward(task_by_id("dir-stats-00001"), [pin]) == 0.0, f"a pinned {where} won the reward"
-    assert reward(harbor("harbor-hello-file"), [pin]) == 0.0, f"a pinned {where} won a Harbor reward"
+    assert pinned_reward(task_by_id("dir-stats-00001"), [], where) == 0.0, f"a pinned {where} won the reward"
+    assert pinned_reward(harbor("harbor-hello-file"), [], where) == 0.0, f"a pinned {where} won a Harbor reward"
 
 
 def test_a_pin_after_an_honest_solution_still_scores_zero():
     """Pinning is tampering whatever else the agent did: the verdict must not depend on it."""
     task = task_by_id("dir-stats-00001")
     assert reward(task, task.solution) == 1.0
-    assert reward(task, [*task.solution, PIN.format(dir="/run/obsspec-state")]) == 0.0
+    assert pinned_reward(task, task.solution, "/run/obsspec-state") == 0.0
 
 
 def _busy(n: int) -> list[subprocess.Popen]:
@@ -76,48 +87,76 @@ def test_many_links_beside_busy_neighbours_are_scored_not_infra():
     janitor stop on its wall clock ("machine overloaded"): an infra error, exit 2, for any
     failing episode. Its budget is now a count of entries, the same on a busy machine."""
     task = task_by_id("dir-stats-00001")
-    make = "python3 -c 'import os\nfor i in range({n}): os.symlink(\"{target}\", f\"/tmp/l{{i}}\")'"
+    make = "python3 -c 'import os\nfor i in range({n}): os.symlink(\"{target}\", f\"/tmp/l{{i}}\")\nprint(\"made\")'"
     long_way = make.format(n=45000, target="/usr" + "/lib/.." * 30 + "/bin")  # 62 steps to follow each
     plain = make.format(n=45000, target="/etc/passwd")
+    cfg = SandboxConfig(timeout_s=30, memory_mb=1024, max_procs=64)
+
+    def scored(commands):
+        record = asyncio.run(run_scripted(task, commands, cfg))
+        assert record.infra_error == "", f"a hack turned a failure into an infra error: {record.infra_error}"
+        assert record.steps[-1].observation.startswith("made"), record.steps[-1].observation  # all made
+        return record.reward
+
     hogs = _busy(6)
     try:
-        assert reward(task, [long_way]) == 0.0
+        assert scored([long_way]) == 0.0
         # within the budget, cleaned and judged; past it, the agent's trees were too much to undo
-        assert reward(task, [*task.solution, plain]) == 1.0, "45,000 links spoiled an honest reward"
-        assert reward(task, [*task.solution, long_way]) == 0.0, "an over-budget tree kept its reward"
+        assert scored([*task.solution, plain]) == 1.0, "45,000 links spoiled an honest reward"
+        assert scored([*task.solution, long_way]) == 0.0, "an over-budget tree kept its reward"
     finally:
         for p in hogs:
             p.kill()
 
 
-async def _concurrently(holder: str, observer: str) -> tuple[bytes, bytes]:
-    """Run `observer` in one sandbox while `holder` runs in another (both started first)."""
+def _held(uid: int, kind: str) -> int:
+    """How many file descriptors of `kind` (`anon_inode:inotify`, `pipe:`) processes of host uid
+    `uid` hold (read from the host's /proc, as root)."""
+    n = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            n += sum(os.readlink(f"/proc/{pid}/fd/{fd}").startswith(kind) for fd in os.listdir(f"/proc/{pid}/fd"))
+        except OSError:
+            continue
+    return n
+
+
+async def _concurrently(holder: str, observer: str, kind: str, count: int) -> tuple[bytes, bytes]:
+    """Run `observer` in one sandbox while `holder` runs in another and holds `count` objects."""
     async with Sandbox(CFG) as a, Sandbox(CFG) as b:
         await a.start()
         await b.start()
         alone = (await b.run(observer)).output
         hold = asyncio.ensure_future(a.run(holder))
-        await asyncio.sleep(1.0)  # the holder has made its objects and sleeps
+        for _ in range(200):  # until the holder has made its objects (not a fixed pause)
+            if _held(a._uid.uid, kind) >= count:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"the holder never held {count} {kind} objects")
         beside = (await b.run(observer)).output
         await hold
         return alone, beside
 
 
-@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="separate host uids need the harness to be root")
-@pytest.mark.parametrize("holder,observer", [
+@pytest.mark.skipif(os.geteuid() != 0, reason="separate host uids need the harness to be root")
+@pytest.mark.parametrize("holder,observer,kind,count", [
     # inotify instances are counted per host uid (max_user_instances); (select, not time.sleep:
     # Python's sleep fails under libfaketime, see docs/ENVIRONMENT.md)
     ("python3 -c 'import ctypes,select; l=ctypes.CDLL(None); fds=[l.inotify_init() for _ in range(37)]; select.select([], [], [], 2.5)'",
-     "python3 -c 'import ctypes; l=ctypes.CDLL(None); n=0\nwhile l.inotify_init() >= 0: n += 1\nprint(n)'"),
+     "python3 -c 'import ctypes; l=ctypes.CDLL(None); n=0\nwhile l.inotify_init() >= 0: n += 1\nprint(n)'",
+     "anon_inode:inotify", 37),
     # new pipes get a smaller buffer once a uid holds pipe-user-pages-soft pages of them
     ("ulimit -n 4096; python3 -c 'import os,select; p=[os.pipe() for _ in range(1100)]; select.select([], [], [], 2.5)'",
-     "python3 -c 'import os,fcntl; r,w=os.pipe(); print(fcntl.fcntl(r, 1032))'"),
+     "python3 -c 'import os,fcntl; r,w=os.pipe(); print(fcntl.fcntl(r, 1032))'", "pipe:", 2200),
 ], ids=["inotify", "pipe-size"])
-def test_concurrent_sandboxes_cannot_pass_a_number_through_per_user_counters(holder, observer):
+def test_concurrent_sandboxes_cannot_pass_a_number_through_per_user_counters(holder, observer, kind, count):
     """Reproduced: a group member that solved the task held n inotify instances; a sibling that
     never read its data counted what was left and scored 1. Each live sandbox now runs as a
     host uid of its own, so no per-user counter is shared."""
-    alone, beside = asyncio.run(_concurrently(holder, observer))
+    alone, beside = asyncio.run(_concurrently(holder, observer, kind, count))
     assert alone.strip() and alone == beside, f"a sibling's objects changed what another saw: {alone!r} -> {beside!r}"
 
 
@@ -177,3 +216,37 @@ def test_duplicate_task_ids_in_a_suite_are_refused(tmp_path):
 def test_limits_no_sandbox_can_run_with_are_refused(key, value):
     with pytest.raises(ValueError, match=f"sandbox.{key} must be"):
         SandboxConfig(**{key: value})
+
+
+def test_a_pinned_clock_without_libfaketime_is_refused(monkeypatch):
+    """Without libfaketime a deterministic sandbox ran on the real clock, without a word."""
+    from obsspec.env import bwrap
+    from obsspec.env.sandbox import SandboxUnavailable
+
+    monkeypatch.setattr(bwrap, "faketime_lib", lambda: "")
+
+    async def start():
+        async with Sandbox(CFG) as sb:
+            await sb.start()
+
+    with pytest.raises(SandboxUnavailable, match="apt-get install faketime"):
+        asyncio.run(start())
+    cfg = SandboxConfig(timeout_s=3, memory_mb=1024, max_procs=64, deterministic=False)
+    assert reward(task_by_id("dir-stats-00001"), [], cfg) == 0.0  # (runs, on the real clock)
+
+
+def test_the_uid_lock_folder_must_be_ours(tmp_path):
+    """The harness (root) creates lock files there: a folder another user can write to could hold
+    links that make it create files elsewhere."""
+    from obsspec.env.bwrap import HostUid
+
+    folder = tmp_path / "locks"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    with pytest.raises(OSError, match="no one else can write"):
+        HostUid(str(folder))
+    folder.chmod(0o700)
+    a, b = HostUid(str(folder)), HostUid(str(folder))
+    assert a.uid != b.uid, "two live sandboxes got the same host uid"
+    a.release()
+    b.release()

@@ -20,8 +20,8 @@ import os
 import posixpath
 import random
 import shutil
+import stat
 import tarfile
-import tempfile
 from functools import lru_cache
 from importlib import resources
 
@@ -37,6 +37,7 @@ SANDBOX_UID = 1000
 # of this process or of another, from ever running as the same uid at once.
 HOST_UID_BASE = 2_100_000_000
 HOST_UID_SLOTS = 1 << 16
+UID_LOCKS = "/run/obsspec-uids"  # (root only: /run is root's)
 # Any file time after this is a real (kernel) time, not one of ours, and gets re-stamped.
 HORIZON_SECONDS = 10_000_000
 STATE_DIR = "/run/obsspec-state"
@@ -103,13 +104,17 @@ def data_fd(data: bytes) -> int:
 class HostUid:
     """A host uid that no other live sandbox runs as, held until `release()`."""
 
-    def __init__(self) -> None:
-        folder = os.path.join(tempfile.gettempdir(), "obsspec-uids")
+    def __init__(self, folder: str = UID_LOCKS) -> None:
         os.makedirs(folder, mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            # (another user's folder could hold links that make us create files where they say)
+            raise OSError(f"{folder} must be a directory of ours that no one else can write to")
         start = random.randrange(HOST_UID_SLOTS)
         for i in range(HOST_UID_SLOTS):
             uid = HOST_UID_BASE + (start + i) % HOST_UID_SLOTS
-            fd = os.open(os.path.join(folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(os.path.join(folder, str(uid)),
+                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -189,13 +189,20 @@ class Sandbox:
     async def start(self, files: dict[str, str] | None = None, setup: str = "") -> None:
         """Start the shell, write `files` into the workspace and run `setup` there."""
         cfg = self.config
+        if cfg.deterministic and not bwrap.faketime_lib():
+            # (without it the pinned clock would silently be the real one)
+            raise SandboxUnavailable("sandbox.deterministic needs libfaketime: run `sudo apt-get install "
+                                     "faketime` (or `make install`), or set sandbox.deterministic=false")
         archive = bwrap.tar_files(files or {}, cfg.clock_start)  # checks paths before anything starts
         env = bwrap.env(cfg, self.workdir)
         fds: list[int] = []
         if cfg.isolation == "bwrap":
             path = check_bwrap()
             if os.geteuid() == 0:
-                self._uid = bwrap.HostUid()
+                try:
+                    self._uid = bwrap.HostUid()
+                except OSError as e:
+                    raise SandboxUnavailable(f"cannot give the sandbox a host uid of its own: {e}") from None
             argv, fds = bwrap.argv(cfg, self.workdir, path, self._uid and self._uid.uid)
             cwd = "/"
         else:

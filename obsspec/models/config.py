@@ -47,11 +47,7 @@ class KitConfig:
                                  "(special tokens included).")
     digits_per_token: int = doc(1, "Longest run of digits one token may hold (1..3, cut from the "
                                    "left): 1 spells every number digit by digit; 3 lets `389` be one "
-                                   "token, so copying a file size out of a listing is one step, not "
-                                   "three whose order the tiny world model must get right (a copy probe's "
-                                   "loss fell 3.4x lower by 3,000 steps, yet listings came out whole no "
-                                   "sooner; docs/WORLDMODEL.md). Changes every id: the recipe's warm start "
-                                   "fell from 74 to 25 % val with 3, so re-tune it.")
+                                   "token. Changes every token id (a different kit).")
     max_length: int = doc(2048, "Longest training sequence in tokens; longer trajectories are "
                                  "dropped (and counted). Also the models' position limit.")
     seed: int = doc(0, "Seed of model initialisation and data order.")

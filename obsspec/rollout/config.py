@@ -55,8 +55,8 @@ class WorldModelConfig:
     max_tokens: int = doc(4160, "Longest draft, in tokens; an unfinished draft cannot match. At "
                                 "least sandbox.output_cap + 64, so an observation at the cap fits.")
     temperature: float = doc(0.7, "Temperature of the extra drafts when breadth > 1 (the first is greedy).")
-    workspace_snapshot: bool = doc(False, "Put a snapshot of the task's initial workspace (sorted "
-                                          "file tree with sizes, small text files' contents) ahead "
+    workspace_snapshot: bool = doc(False, "Put a snapshot of the task's initial workspace (`ls -lR` "
+                                          "as the agent's terminal prints it, then small text files' contents) ahead "
                                           "of the world model's context, in rollouts, training rows "
                                           "and evaluation alike; drafts are still verified exactly.")
     snapshot_tokens: int = doc(512, "Token budget of the workspace snapshot (cut with a marker); "

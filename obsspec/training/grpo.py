@@ -45,17 +45,10 @@ class TrainError(ValueError):
 def training_plan(recipe: Recipe, num_processes: int = 1) -> dict:
     t, pol, wm = recipe.train, recipe.policy, recipe.world_model
     try:
-        accum = t.accumulation(num_processes)
+        recipe.check_training(num_processes)
     except ValueError as e:
         raise TrainError(str(e)) from None
-    if pol.engine == "vllm" and not t.policy_lora_rank:
-        raise TrainError("policy.engine=vllm needs train.policy_lora_rank > 0: obsspec pushes a "
-                         "policy LoRA to the vLLM server before every round of rollouts, not full "
-                         "weights, so full fine-tuning would roll out off-policy. Set "
-                         "train.policy_lora_rank, or use policy.engine=hf (it serves the live weights)")
-    if pol.temperature <= 0:
-        raise TrainError("policy.temperature is 0 (greedy): every episode of a GRPO group would be "
-                         "the same, so no group has signal; set policy.temperature > 0")
+    accum = t.accumulation(num_processes)
     speculative = t.speculative and recipe.rollout.predictor != "none"
     return {
         "policy": {"model": pol.model, "engine": pol.engine, "device": pol.device,

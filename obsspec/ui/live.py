@@ -36,8 +36,10 @@ class RichLive:
 
         self.metrics, self.total, self.speculative = metrics, total, speculative
         self.title = title or self.title
+        # transient: the dashboard goes when the batch ends (its last frame, an empty table, stayed
+        # above the summary table the command prints next)
         self._live = Live(self._render(), console=self.console, refresh_per_second=1,
-                          get_renderable=self._render)
+                          get_renderable=self._render, transient=True)
         self._live.start()
 
     def _render(self):
@@ -54,25 +56,21 @@ class RichLive:
             table.add_row(str(ep), info["task_id"], str(info["turn"]), info["phase"])
         if m and len(m.running) > 12:
             table.add_row("...", f"{len(m.running) - 12} more", "", "")
-        totals = Table.grid(padding=(0, 2))
+        from rich.console import Group
+        from rich.text import Text
+
         latency = f"latency p50 {_fmt(s.get('latency_p50_sec'))}s"
         if not self.speculative:
-            totals.add_row(latency)
-        else:
-            totals.add_row(
-                f"hit rate {_fmt(s.get('spec/exact_frac'), True)} (world model "
-                f"{_fmt(s.get('spec/exact_frac_wm'), True)})",
-                f"exec_won {_fmt(s.get('spec/exec_won_frac'), True)}",
-                f"rollbacks {_fmt(s.get('spec/rollback_frac'), True)}",
-                *([f"busy, not speculated {_fmt(s['spec/skipped_frac'], True)}"] if s.get("spec/skipped_frac") else []),
-                latency,
-                # overlapped generation, an estimate: the net is what `obsspec rollout --mode both` measures
-                f"hidden ~{s.get('latency_saved_sec', 0.0):.1f}s ({_fmt(s.get('latency_saved_frac'), True)}, est.)",
-                f"tokens wasted {s.get('spec/policy_tokens_discarded', 0)}",
-            )
-        from rich.console import Group
-
-        return Group(table, totals)
+            return Group(table, Text(latency))
+        # Short lines of whole phrases: one long row wrapped mid-phrase on a 150-column terminal.
+        busy = f"  busy, not speculated {_fmt(s['spec/skipped_frac'], True)}" if s.get("spec/skipped_frac") else ""
+        return Group(table, Text(
+            f"hit rate {_fmt(s.get('spec/exact_frac'), True)} (world model {_fmt(s.get('spec/exact_frac_wm'), True)})"
+            f"  exec_won {_fmt(s.get('spec/exec_won_frac'), True)}  rollbacks {_fmt(s.get('spec/rollback_frac'), True)}"
+            f"{busy}", no_wrap=True, overflow="ellipsis"), Text(
+            # overlapped generation, an estimate: the net is what `obsspec rollout --mode both` measures
+            f"{latency}  hidden ~{s.get('latency_saved_sec', 0.0):.1f}s ({_fmt(s.get('latency_saved_frac'), True)}, est.)"
+            f"  tokens wasted {s.get('spec/policy_tokens_discarded', 0)}", no_wrap=True, overflow="ellipsis"))
 
     def stop(self) -> None:
         if self._live is not None:
@@ -130,6 +128,8 @@ class NoLive:
 
 
 def make_live(kind: str, title: str = "rollout"):
+    if kind not in ("auto", "rich", "plain", "none"):
+        raise ValueError(f"display must be auto, rich, plain or none, not {kind!r}")
     if kind == "auto":
         kind = "rich" if sys.stderr.isatty() else "plain"
     return {"rich": RichLive, "plain": PlainLive, "none": NoLive}[kind](title)

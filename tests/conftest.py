@@ -1,0 +1,51 @@
+"""Test tiers. `make test` runs everything but `gpu`; `make test-fast` (under a minute on 2
+cores) also leaves out what is marked `slow` here: the CLI end-to-end files and every test that
+took a second or more on 2 cores. Add a test here when `make test`'s slowest list shows it."""
+
+import pytest
+
+SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py"}
+SLOW_TESTS = {
+    "test_cli.py::test_prepare_tasks_is_reproducible_and_loadable",
+    "test_engines.py::test_engine_with_a_prefix_cache_drafts_exactly_as_without",
+    "test_engines.py::test_prompt_lookup_keeps_greedy_output_and_takes_fewer_passes",
+    "test_faults.py::test_timeout_parameter_is_clamped_and_shown",
+    "test_faults.py::test_tool_failure_mid_draft_cancels_the_speculative_actions",
+    "test_harbor.py::test_a_verifier_may_run_longer_than_the_sandboxs_default",
+    "test_harbor.py::test_the_verifiers_timeout_sec_is_its_time_limit",
+    "test_kit.py::test_a_micro_policy_learns_to_copy_names_it_never_saw",
+    "test_kit.py::test_ensure_kit_builds_loadable_models_once_then_uses_the_cache",
+    "test_kit.py::test_mistakes_give_the_world_model_and_the_tokenizer_real_error_messages",
+    "test_report.py::test_latency_parts_add_up_to_each_episodes_latency",
+    "test_report.py::test_page_renders_offline_in_chromium_without_console_errors",
+    "test_report.py::test_report_cli",
+    "test_report.py::test_the_browser_check_catches_a_broken_page",
+    "test_report.py::test_training_run_reads_metrics_jsonl_and_its_last_rollout",
+    "test_reward_hacks.py::test_link_chains_deeper_than_path_max_or_through_dev_stdin_are_removed",
+    "test_reward_hacks.py::test_many_entries_or_a_lingering_big_process_are_not_infra_errors",
+    "test_reward_hacks.py::test_the_loader_and_system_dirs_cannot_be_swapped_under_the_harness",
+    "test_rollout_outputs.py::test_replay_reproduces_the_recorded_episodes_without_tools",
+    "test_rollout_outputs.py::test_trace_jsonl_and_chrome_export",
+    "test_sandbox.py::test_fork_bomb_is_contained_and_the_episode_recovers",
+    "test_sandbox.py::test_infinite_loop_times_out",
+    "test_sandbox.py::test_timeout_kills_the_command_tree_and_the_episode_continues",
+    "test_sandbox.py::test_unsandboxed_mode_only_when_asked_and_warns",
+    "test_sandbox_trust.py::test_a_pinned_full_tmpfs_is_tampering_not_an_empty_verifier",
+    "test_sandbox_trust.py::test_an_unbounded_harbor_verifier_is_clamped",
+    "test_sandbox_trust.py::test_concurrent_sandboxes_cannot_pass_a_number_through_per_user_counters",
+    "test_sandbox_trust.py::test_many_links_beside_busy_neighbours_are_scored_not_infra",
+    "test_simulate.py::test_from_a_recorded_run",
+    "test_simulate.py::test_simulate_cli_writes_json_and_plot",
+    "test_simulate.py::test_simulated_reductions_match_the_measured_benchmark_where_docs_say_so",
+    "test_snapshot.py::test_a_budget_that_does_not_fit_is_one_line_from_the_cli",
+    "test_snapshot.py::test_switch_on_is_lossless_and_rows_cases_and_drafts_agree",
+    "test_training.py::test_a_dead_cotraining_worker_is_loud_restarted_and_the_engine_keeps_its_version",
+    "test_training.py::test_one_cotraining_worker_trains_every_version_and_a_failed_job_keeps_it_alive",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        name = f"{item.path.name}::{item.originalname}"
+        if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.slow)

@@ -18,13 +18,13 @@ import dataclasses
 import json
 
 from obsspec.config import load_recipe
-from obsspec.rollout.events import EventBus
 from obsspec.rollout.predictors import HistoryCache
 from obsspec.rollout.config import sampling as make_sampling
-from obsspec.rollout.run import tool_factory, compare, episode_tasks, make_engine, model_paths
-from obsspec.rollout.scheduler import Scheduler
+from obsspec.build import make_engine, model_paths, tool_factory
+from obsspec.rollout_run import compare, episode_tasks
+from obsspec.rollout.batch import run_episodes
 from obsspec.tokens import ChatFormat
-from obsspec.ui.display import PlainDisplay
+from obsspec.progress import PlainDisplay
 
 
 def differing(a, b) -> dict:
@@ -49,9 +49,10 @@ async def main_async(args) -> dict:
         try:
             runs = []
             for speculative in (False, False, True):
-                sched = Scheduler(engine, fmt, EventBus(), sampling, cap=recipe.sandbox.output_cap,
-                                  predictor=HistoryCache() if speculative else None)
-                runs.append(await sched.run_batch(episodes, tool_factory(recipe, None), speculative))
+                batch = await run_episodes(engine, fmt, episodes, tool_factory(recipe, None), sampling,
+                                           cap=recipe.sandbox.output_cap, speculative=speculative,
+                                           predictor=HistoryCache() if speculative else None)
+                runs.append(batch.trajectories)
         finally:
             engine.close()
         key = "batch_invariant" if invariant else "batched"

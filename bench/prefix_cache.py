@@ -5,7 +5,7 @@
         [--draft-tokens 320] [--out result.json] [--plot out.png] [recipe overrides ...]
 
 The kit's world-model base drafts every step of the val reference trajectories (and of recorded
-val episodes, `python -m obsspec.models.evaluate ... --out` writes them), greedy, 4 drafts in
+val episodes, `python bench/evaluate_models.py ... --out` writes them), greedy, 4 drafts in
 flight, steps in episode order as a rollout asks for them, with the recipe's
 world_model.prompt_lookup. Each round runs both settings on a fresh engine, in alternating order
 (these machines are noisy: read the ratios, per round and median). Reported per setting: mean
@@ -28,10 +28,11 @@ from bench.worldmodel_adapter import emulated_mean
 from obsspec.config import load_recipe
 from obsspec.engines.hf import HFEngine
 from obsspec.env.suite import load_tasks, spread
-from obsspec.models.evaluate import evaluate_world_model, reference_cases, trajectory_cases
+from obsspec.worldmodel.cases import reference_cases, trajectory_cases
+from obsspec.worldmodel.evaluate import evaluate_world_model
 from obsspec.models.kit import KitPaths, read_trajectories
 from obsspec.models.tiny import load_pretrained
-from obsspec.rollout.run import workspace_snapshots
+from obsspec.build import workspace_snapshots
 from obsspec.rollout.trajectory import Trajectory
 from obsspec.tokens import ChatFormat
 

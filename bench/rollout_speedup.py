@@ -35,14 +35,13 @@ import time
 from collections import defaultdict
 
 from obsspec.config import load_recipe
-from obsspec.rollout.events import EventBus
-from obsspec.rollout.metrics import SpecMetrics
 from obsspec.rollout.predictors import Corrupting
 from obsspec.rollout.config import sampling as make_sampling
-from obsspec.rollout.run import _predictor, tool_factory, compare, episode_tasks, make_engine, model_paths
-from obsspec.rollout.scheduler import Scheduler
+from obsspec.build import make_engine, model_paths, predictor_for, tool_factory
+from obsspec.rollout.batch import run_episodes
+from obsspec.rollout_run import compare, episode_tasks
 from obsspec.tokens import ChatFormat
-from obsspec.ui.display import PlainDisplay
+from obsspec.progress import PlainDisplay
 
 # Two-sided 95 % Student t quantiles by degrees of freedom (n - 1).
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
@@ -157,22 +156,20 @@ class Bench:
             self.wm_engine.close()
 
     async def run(self, recipe, predictor=None, busy_limit: int | None = None):
-        bus, metrics, timings = EventBus(), SpecMetrics(), Timings()
-        bus.subscribe(metrics)
-        bus.subscribe(timings)
+        timings = Timings()
         busy = recipe.rollout.busy_limit if busy_limit is None else busy_limit
-        sched = Scheduler(self.policy, self.fmt, bus, self.sampling, cap=recipe.sandbox.output_cap,
-                          predictor=predictor, depth=recipe.rollout.depth, busy_limit=busy)
         before = engine_counts(self.policy)
-        trajs = await sched.run_batch(self.episodes, tool_factory(recipe, None), predictor is not None,
-                                      concurrency=recipe.rollout.concurrency)
+        batch = await run_episodes(self.policy, self.fmt, self.episodes, tool_factory(recipe, None), self.sampling,
+                                   cap=recipe.sandbox.output_cap, speculative=predictor is not None,
+                                   predictor=predictor, depth=recipe.rollout.depth, busy_limit=busy,
+                                   concurrency=recipe.rollout.concurrency, listeners=[timings])
         after = engine_counts(self.policy)
-        return trajs, metrics, timings, {k: after[k] - before[k] for k in after}
+        return batch.trajectories, batch.metrics, timings, {k: after[k] - before[k] for k in after}
 
     def predictor(self, name: str, recorded):
         kind = "oracle" if name == "never_matches" else split_name(name)[0]
         r = self.recipe(f"rollout.predictor={kind}")
-        p = _predictor(r, self.fmt, self.wm_engine, recorded, None, self.episodes)
+        p = predictor_for(r, self.fmt, self.wm_engine, self.episodes, recorded)
         return Corrupting(p, every=1) if name == "never_matches" else p
 
     async def repetition(self, median: float, rep: int, names: list[str], recorded) -> list[dict]:

@@ -52,7 +52,7 @@ def token_identity(a_dir: str, b_dir: str) -> dict:
     an action (a losslessness bug)."""
     import glob
 
-    from obsspec.rollout.run import compare
+    from obsspec.rollout_run import compare
     from obsspec.rollout.trajectory import Trajectory
 
     def load(d, step):

@@ -10,7 +10,7 @@ latency, adapter size and swap time, all measured in one run.
    sampling; cached as OUT.rollouts.jsonl). The kit's world-model base never saw these episodes.
 2. Split by task instance (wm_train.eval_fraction, default here 0.5): the adapter trains on the
    rollouts of one half (`train_adapter`, the recipe's wm_train section), both models are judged
-   on the steps of the other half (`evaluate_models`: the rollout's predictor and `is_hit`).
+   on the steps of the other half (`evaluate_models`: the rollout's predictor and `ChatFormat.draft_hits`).
 3. Latency: mean greedy draft time (4 drafts in flight, as in a rollout batch) against the tool
    time recorded on the same steps (real sandbox) and against the recipe's emulated remote
    latency (rollout.latency) added on top: the "at the embedded recipe's tool latency" ratio.
@@ -38,9 +38,9 @@ import time
 
 
 def rollouts(kit: str, tasks_dir: str, recipe, per_task: int, path: str):
-    from obsspec.engines.hf import HFEngine
+    from obsspec.engines.hf import fast_engine
     from obsspec.env.suite import load_tasks
-    from obsspec.models.evaluate import rollout_tasks
+    from obsspec.rollout.batch import rollout_tasks
     from obsspec.models.tiny import load_pretrained
     from obsspec.rollout.config import sampling
     from obsspec.rollout.trajectory import Trajectory
@@ -54,7 +54,7 @@ def rollouts(kit: str, tasks_dir: str, recipe, per_task: int, path: str):
     t0 = time.monotonic()
 
     async def run():
-        async with HFEngine(model, tokenizer, batch_invariant=False) as engine:
+        async with fast_engine(model, tokenizer) as engine:
             return await rollout_tasks(engine, ChatFormat(tokenizer), tasks, recipe.sandbox,
                                        sampling(recipe.policy, recipe.rollout.seed), concurrency=8)
 

@@ -4,7 +4,7 @@ The kit's tokenizer, policy and policy rollouts stay as they are; only the world
 trained again (from scratch, on the kit's rows: the suite's reference trajectories of the train
 split plus the kit's rollouts), optionally with each task's workspace snapshot ahead of every row,
 then judged with greedy drafts on held-out reference steps of the val split and, with
---rollouts, on the steps of recorded val episodes (`python -m obsspec.models.evaluate ... --out`
+--rollouts, on the steps of recorded val episodes (`python bench/evaluate_models.py ... --out`
 writes them). Prints JSON; with --out also writes it (and the model beside it).
 
     PYTHONPATH=$PWD .venv/bin/python bench/worldmodel_base.py --kit KIT --tasks TASKS \
@@ -33,11 +33,12 @@ from obsspec.config import load_recipe
 from obsspec.engines.hf import HFEngine
 from obsspec.env.suite import load_tasks, spread
 from obsspec.models import tiny, warmstart
-from obsspec.models.evaluate import evaluate_world_model, reference_cases, trajectory_cases
+from obsspec.worldmodel.cases import reference_cases, trajectory_cases
+from obsspec.worldmodel.evaluate import evaluate_world_model
 from obsspec.models.kit import KitPaths, read_trajectories
 from obsspec.rollout.trajectory import Trajectory
 from obsspec.tokens import ChatFormat, transcript, wm_row
-from obsspec.ui.display import make_display
+from obsspec.progress import make_display
 from obsspec.worldmodel.snapshot import WorkspaceSnapshots
 
 

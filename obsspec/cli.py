@@ -45,7 +45,7 @@ def user_errors(fn):
         from obsspec.env.sandbox import SandboxUnavailable
         from obsspec.env.suite import SuiteError
         from obsspec.report.load import ReportError
-        from obsspec.rollout.run import RolloutError
+        from obsspec.build import RolloutError
         from obsspec.sim.config import SimError
         from obsspec.training.grpo import TrainError
         from obsspec.worldmodel.config import WorldModelError
@@ -72,7 +72,7 @@ def _load(recipe: Optional[str], overrides: List[str]) -> Recipe:
 
 
 def _display(kind: str):
-    from obsspec.ui.display import make_display
+    from obsspec.progress import make_display
 
     if kind not in ("auto", "rich", "plain", "none"):
         raise ConfigError(f"--display must be auto, rich, plain or none, not {kind!r}")
@@ -114,7 +114,7 @@ def prepare_tasks_cmd(
     extra += ["tasks.builtin=false"] if no_builtin else []
     rec = _load(recipe, (overrides or []) + extra)
     out_dir = out or os.path.join(rec.run_dir, "tasks")
-    summary = asyncio.run(prepare_tasks(rec, out_dir, _display(display)))
+    summary = asyncio.run(prepare_tasks(rec.tasks, rec.sandbox, out_dir, _display(display)))
     _print_summary(summary)
 
 
@@ -179,7 +179,7 @@ def rollout_cmd(
 
         obsspec rollout recipes/tiny-cpu.yaml --replay runs/rollout rollout.predictor=oracle --out runs/replay
     """
-    from obsspec.rollout.run import run_rollout
+    from obsspec.rollout_run import run_rollout
     from obsspec.ui.live import make_live
     from obsspec.ui.tables import print_rollout_table
 

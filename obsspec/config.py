@@ -25,7 +25,8 @@ from typing import Any
 import yaml
 
 from obsspec.env.sandbox import SandboxConfig
-from obsspec.fields import doc
+from obsspec.env.suite import TasksConfig
+from obsspec.fields import doc, to_dict  # to_dict: also this module's, for the recipe as plain data
 from obsspec.models.config import KitConfig
 from obsspec.rollout.config import PolicyConfig, RolloutConfig, WorldModelConfig
 from obsspec.training.config import TrainConfig
@@ -38,25 +39,6 @@ class ConfigError(ValueError):
 
 # ---------------------------------------------------------------------------------------------
 # Recipe sections
-
-
-@dataclass(frozen=True)
-class TasksConfig:
-    builtin: bool = doc(True, "Generate the built-in task families (obsspec/env/families).")
-    families: tuple[str, ...] = doc((), "Built-in families to use; empty = all of them.")
-    num_instances: int = doc(1000, "How many built-in instances to generate (spread over families).")
-    seed: int = doc(0, "Seed of the task generators: same seed, byte-identical task suite.")
-    val_fraction: float = doc(0.1, "Fraction of instances (per family) held out as validation.")
-    harbor_dir: str = doc("", "A Harbor-layout task folder (or folder of them) to import as well.")
-    determinism_check: bool = doc(True, "Run each reference solution twice and report which "
-                                        "observations differ (the ceiling of any world model's hit rate).")
-    workers: int = doc(4, "Sandboxes validated concurrently.")
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError("tasks.val_fraction must be in [0, 1)")
-        if self.num_instances < 0 or self.workers < 1:
-            raise ValueError("tasks.num_instances must be >= 0 and tasks.workers >= 1")
 
 
 @dataclass(frozen=True)
@@ -306,14 +288,6 @@ def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # Introspection (for `obsspec validate --explain` and logging the resolved recipe)
-
-
-def to_dict(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, tuple):
-        return [to_dict(v) for v in obj]
-    return obj
 
 
 def explain(cls: type = Recipe, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -22,12 +22,12 @@ from obsspec import chat
 from obsspec.config import Recipe
 from obsspec.env.episode import run_scripted
 from obsspec.env.suite import load_tasks, prepare_tasks
-from obsspec.ui.display import Display
+from obsspec.progress import Display
 
 
 async def _demo(recipe: Recipe, out_dir: str, display: Display, emit) -> dict:
     tasks_dir = os.path.join(out_dir, "tasks")
-    prep = await prepare_tasks(recipe, tasks_dir, display)
+    prep = await prepare_tasks(recipe.tasks, recipe.sandbox, tasks_dir, display)
     emit(f"prepare-tasks: {prep['train']} train / {prep['val']} val instances over "
          f"{prep['families']} families, {prep['dropped']} dropped, determinism "
          f"{prep['determinism_identical_fraction']:.3f} ({prep['total_sec']:.1f}s)\n", "bold")

@@ -109,11 +109,35 @@ class ChatFormat:
     def error_observation_ids(self, message: str) -> tuple[list[int], slice]:
         return self.observation_ids(chat.error_observation(message))
 
-    def wm_prompt_ids(self, history_ids: Sequence[int], action_ids: Sequence[int],
+    def wm_prompt_ids(self, history_ids: Sequence[int], action_ids: Sequence[int] = (),
                       snapshot_ids: Sequence[int] = ()) -> list[int]:
         """What the world model sees: history + action + the observation opening (after the
-        task's workspace snapshot, when the recipe gives it one)."""
+        task's workspace snapshot, when the recipe gives it one). The one construction of the
+        world model's prompt: the scheduler's requests, evaluation cases and (through the same
+        layout, `transcript`) training rows."""
         return wm_context(snapshot_ids, [*history_ids, *action_ids, *self.obs_prefix_ids])
+
+    # -- the exact-match test -------------------------------------------------------------------
+    def draft_observation_ids(self, draft_body: str, cap: int) -> tuple[str, list[int], slice]:
+        """A draft as the policy would see it: normalised, truncated at `cap` and encoded exactly
+        as a real observation (-> body, observation ids, where the body sits among them)."""
+        body = chat.normalize_draft(draft_body, cap=cap)
+        ids, span = self.observation_ids(body)
+        return body, ids, span
+
+    def is_hit(self, draft_body_ids: Sequence[int], real_body: str) -> bool:
+        """Exact means exact: the draft's body ids (from `draft_observation_ids`) equal those of
+        the real observation after the same encoding. The one hit test, of the scheduler and of
+        every evaluation."""
+        ids, span = self.observation_ids(real_body)
+        return list(draft_body_ids) == ids[span]
+
+    def draft_hits(self, draft_body: str | None, real_body: str, cap: int) -> bool:
+        """`is_hit` for a raw draft body (None: the world model produced no usable draft)."""
+        if draft_body is None:
+            return False
+        _, ids, span = self.draft_observation_ids(draft_body, cap)
+        return self.is_hit(ids[span], real_body)
 
     def wm_target_ids(self, body: str) -> list[int]:
         """What the world model is trained to write: body + closing tag (it stops there)."""

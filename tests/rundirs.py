@@ -1,8 +1,8 @@
 """Real-format run directories for report and simulator tests, made in about a second.
 
-`rollout_dir(path)` runs the real scheduler (sequential, then speculative with an oracle whose
+`rollout_dir(path)` runs the real batch driver (obsspec/rollout/batch.py) (sequential, then speculative with an oracle whose
 every other draft is spoiled, so there are matches and rollbacks) with the scripted policy of
-tests/fakes.py and a fake tool (fixed latency, no sandbox), and writes what obsspec/rollout/run.py
+tests/fakes.py and a fake tool (fixed latency, no sandbox), and writes what obsspec/rollout_run.py
 writes: episodes.jsonl, trajectories-<mode>.jsonl, trace-<mode>.jsonl and summary.json.
 `training_dir(path)` writes a training run's metrics.jsonl (docs/REPORT.md) plus one rollout
 directory under rollouts/.
@@ -17,11 +17,10 @@ import os
 from fakes import ByteTokenizer, ScriptedPolicy
 from obsspec.config import TasksConfig
 from obsspec.env.suite import generate_builtin
-from obsspec.rollout.events import EventBus, JsonlTrace
-from obsspec.rollout.metrics import SpecMetrics
+from obsspec.rollout.batch import run_episodes, write_summary
 from obsspec.rollout.predictors import Corrupting, Oracle
-from obsspec.rollout.run import compare
-from obsspec.rollout.scheduler import Sampling, Scheduler
+from obsspec.rollout.scheduler import Sampling
+from obsspec.rollout_run import compare
 from obsspec.rollout.tools import ToolResult
 from obsspec.tokens import ChatFormat
 
@@ -56,9 +55,6 @@ def rollout_dir(path: str, episodes: int = 4, tool_s: float = 0.05, rollback_eve
     tasks = (tasks * episodes)[:episodes]
     tok = ByteTokenizer()
     fmt = ChatFormat(tok)
-    with open(os.path.join(path, "episodes.jsonl"), "w") as f:
-        for i, t in enumerate(tasks):
-            f.write(json.dumps({"episode": i, "task": t.to_dict()}, sort_keys=True) + "\n")
     results, summaries = {}, {}
     for mode in ("sequential", "speculative"):
         predictor = None
@@ -67,23 +63,15 @@ def rollout_dir(path: str, episodes: int = 4, tool_s: float = 0.05, rollback_eve
             oracle = Oracle([(task.content_hash(), [t.command for t in tr.turns if t.kind == "bash"],
                               [t.observation for t in tr.turns if t.kind == "bash"]) for task, tr in zip(tasks, seq)])
             predictor = Corrupting(oracle, every=rollback_every) if rollback_every else oracle
-        bus, metrics = EventBus(), SpecMetrics()
-        trace = JsonlTrace(os.path.join(path, f"trace-{mode}.jsonl"), mode)
-        bus.subscribe(metrics)
-        bus.subscribe(trace)
-        sched = Scheduler(ScriptedPolicy(tok, COMMANDS, token_delay=token_delay), fmt, bus, SAMPLING,
-                          cap=512, predictor=predictor)
-        results[mode] = asyncio.run(sched.run_batch(tasks, lambda task, e: FakeTool(tool_s), mode == "speculative"))
-        trace.close()
-        summaries[mode] = {**metrics.summary(), "predictor": predictor.name if predictor else None}
-        with open(os.path.join(path, f"trajectories-{mode}.jsonl"), "w") as f:
-            for tr in results[mode]:
-                f.write(json.dumps(tr.to_dict(), sort_keys=True) + "\n")
+        batch = asyncio.run(run_episodes(
+            ScriptedPolicy(tok, COMMANDS, token_delay=token_delay), fmt, tasks, lambda task, e: FakeTool(tool_s),
+            SAMPLING, cap=512, speculative=mode == "speculative", predictor=predictor, out_dir=path))
+        results[mode] = batch.trajectories
+        summaries[mode] = {**batch.metrics.summary(), "predictor": predictor.name if predictor else None}
     summary = {"command": "rollout", "out_dir": path, "episodes": len(tasks), "replay_of": None,
                "modes": summaries, "tool_latency": {"emulated": True, "kind": "fixed", "median_s": tool_s},
                "comparison": compare(results["sequential"], results["speculative"])}
-    with open(os.path.join(path, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True)
+    write_summary(path, summary)
     return path
 
 

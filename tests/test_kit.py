@@ -24,12 +24,14 @@ from obsspec.env.sandbox import SandboxConfig
 from obsspec.env.suite import TaskNotFound, builtin_task
 from obsspec.models import kit, tiny, warmstart
 from obsspec.models.config import KitConfig, TinyModelConfig
-from obsspec.models.evaluate import (evaluate_world_model, reference_cases, rollout_tasks,
-                                     success_metrics, trajectory_cases)
+from obsspec.models.evaluate import success_metrics
+from obsspec.rollout.batch import rollout_tasks
+from obsspec.worldmodel.cases import reference_cases, trajectory_cases
+from obsspec.worldmodel.evaluate import evaluate_world_model
 from obsspec.rollout.scheduler import Sampling
 from obsspec.models.tokenizer import CALL_TAGS, SPECIAL, TOOL_TAGS, corpus_texts, listing_atoms, train_tokenizer
 from obsspec.tokens import ChatFormat
-from obsspec.ui.display import NullDisplay
+from obsspec.progress import NullDisplay
 
 TINY_MODEL = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                              intermediate_size=64, epochs=1.0, learning_rate=1e-2, batch_size=2)
@@ -602,7 +604,14 @@ def test_world_model_drafts_are_compared_exactly_per_class(fmt):
 
 
 def test_evaluate_bad_inputs_are_one_line_and_exit_2(tmp_path, capsys):
-    from obsspec.models.evaluate import main
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "bench" / "evaluate_models.py"
+    spec = importlib.util.spec_from_file_location("evaluate_models", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    main = script.main
 
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / "missing"), "--display", "none"])

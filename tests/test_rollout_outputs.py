@@ -172,7 +172,7 @@ def test_replay_refuses_a_diverging_command():
 
 
 def test_compare_classifies_differences_and_times_identical_episodes_only():
-    from obsspec.rollout.run import compare
+    from obsspec.rollout_run import compare
     from obsspec.rollout.trajectory import Trajectory
 
     def traj(ep, ids, mask, latency):

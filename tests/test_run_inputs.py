@@ -6,7 +6,7 @@ import pytest
 from obsspec.config import load_recipe
 from obsspec.engines.vllm import VLLMEngine
 from obsspec.models.tokenizer import train_tokenizer
-from obsspec.rollout.run import RolloutError, check_same_tokenizer, make_engine
+from obsspec.build import RolloutError, check_same_tokenizer, make_engine
 
 TEXTS = ["ls -la /app\nfile.txt\n(exit_code=0)", "cat notes.md | sort > out.txt"] * 3
 
@@ -33,8 +33,8 @@ def test_the_recipes_own_suite_must_match_its_tasks_settings(tmp_path):
     import json
 
     from obsspec.env.suite import suite_settings
-    from obsspec.rollout.run import ensure_tasks
-    from obsspec.ui.display import NullDisplay
+    from obsspec.build import ensure_tasks
+    from obsspec.progress import NullDisplay
 
     recipe = load_recipe("recipes/tiny-cpu.yaml", [f"run_dir={tmp_path}"])
     (tmp_path / "tasks").mkdir()
@@ -52,8 +52,8 @@ def test_the_recipes_own_suite_must_match_its_tasks_settings(tmp_path):
 def test_a_model_folder_that_is_not_there_fails_before_the_kit_is_built(tmp_path):
     """`policy.model=/nonexistent` failed only after the tiny kit's minutes-long build (the world
     model was still tiny): adversarial review."""
-    from obsspec.rollout.run import model_paths
-    from obsspec.ui.display import NullDisplay
+    from obsspec.build import model_paths
+    from obsspec.progress import NullDisplay
 
     recipe = load_recipe("recipes/tiny-cpu.yaml", [f"policy.model={tmp_path / 'nope'}", f"run_dir={tmp_path}"])
     with pytest.raises(RolloutError, match="policy.model: no model folder at"):

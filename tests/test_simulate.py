@@ -13,11 +13,12 @@ import sys
 
 import pytest
 
+from obsspec.commands import CLASSES
 from obsspec.sim.config import EngineSpec, SimConfig, SimError, apply_overrides
 from obsspec.sim.engine import FluidEngine
 from obsspec.sim.episodes import SimTurn, simulate_batch
 from obsspec.sim.simulate import parse_grid, replace, run_point, simulate
-from obsspec.sim.workload import RecordedRun, command_class, synthetic
+from obsspec.sim.workload import RecordedRun, synthetic
 from rundirs import rollout_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -263,9 +264,19 @@ def test_per_class_hit_rates_drive_the_draws():
     assert not any(t.hit for t in turns if t.cls != "ls")
 
 
-def test_command_class_is_the_first_program():
-    assert command_class("cd /app && grep -c x f | wc -l") == "grep"
-    assert command_class("FOO=1 /usr/bin/python3 s.py") == "python3" and command_class("") == "other"
+def test_a_recorded_run_has_the_command_classes_of_the_training_metrics(tmp_path):
+    """One classifier (obsspec/commands.py): the simulator's and the report's per-class hit rates
+    are those training logs as spec/class_hits, for the same drafts."""
+    from obsspec.rollout.trajectory import Trajectory
+    from obsspec.training.rollouts import class_hits
+
+    run = rollout_dir(str(tmp_path / "run"), episodes=4, tool_s=0.2, rollback_every=3)
+    with open(os.path.join(run, "trajectories-speculative.jsonl")) as f:
+        trajectories = [Trajectory.from_dict(json.loads(line)) for line in f if line.strip()]
+    rec = RecordedRun.load(run)
+    assert {k: list(v) for k, v in rec.class_hit_rates().items()} == class_hits(trajectories), \
+        "the simulator classifies commands otherwise than the training metrics"
+    assert all(t.cls in CLASSES or t.kind != "bash" for ep in rec.workload(rec.config()) for t in ep)
 
 
 def gen_events(spans):

@@ -27,7 +27,7 @@ from obsspec.config import ConfigError, load_recipe
 from obsspec.engines.base import Generation
 from obsspec.env.harbor import import_harbor
 from obsspec.env.suite import builtin_task
-from obsspec.models.evaluate import trajectory_cases
+from obsspec.worldmodel.cases import trajectory_cases
 from obsspec.models.warmstart import trajectory_examples
 from obsspec.rollout.events import EventBus
 from obsspec.rollout.predictors import PredictRequest, WorldModelPredictor

@@ -10,7 +10,7 @@ from obsspec.config import TasksConfig, load_recipe
 from obsspec.env import suite
 from obsspec.env.episode import EpisodeRecord, Step
 from obsspec.env.sandbox import SandboxConfig, SandboxUnavailable
-from obsspec.ui.display import NullDisplay
+from obsspec.progress import NullDisplay
 
 
 def test_split_is_per_family_seeded_and_disjoint():
@@ -94,7 +94,7 @@ def test_prepare_fails_fast_when_sandboxes_cannot_start(tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
     recipe = load_recipe(None, ["tasks.num_instances=2"])
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
-        asyncio.run(suite.prepare_tasks(recipe, str(tmp_path / "out"), NullDisplay()))
+        asyncio.run(suite.prepare_tasks(recipe.tasks, recipe.sandbox, str(tmp_path / "out"), NullDisplay()))
 
 
 def test_a_verifier_time_limit_is_kept_and_absent_when_unset():

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from obsspec.rollout.run import compare
+from obsspec.rollout_run import compare
 from obsspec.rollout.trajectory import Trajectory
 from test_cli import ROOT, cli
 from test_rollout_cli import MICRO
@@ -358,9 +358,9 @@ def test_a_vllm_policy_server_gets_each_steps_lora_and_rollouts_stay_on_policy(r
     from obsspec.config import load_recipe
     from obsspec.engines.hf import HFEngine
     from obsspec.models.tiny import load_pretrained
-    from obsspec.rollout.run import model_paths
+    from obsspec.build import model_paths
     from obsspec.training import grpo, rollouts as R
-    from obsspec.ui.display import NullDisplay
+    from obsspec.progress import NullDisplay
 
     base = common(root)
     policy_path, _ = model_paths(load_recipe(base[0], base[1:]), NullDisplay())

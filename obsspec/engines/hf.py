@@ -526,3 +526,11 @@ class HFEngine:
         self._fail_running(error)
         for command in commands:
             _resolve_soon(command.loop, command.future, None, error)
+
+
+def fast_engine(model, tokenizer, **hf_options) -> HFEngine:
+    """An engine on a model already in memory, in the fast batched mode (a request's tokens may
+    depend on what shares its batch): for training data and evaluations, never where speculative
+    and sequential runs must agree token for token. `hf_options`: `WorldModelConfig.hf_options`
+    for a world model, so its drafts are decoded as in a rollout."""
+    return HFEngine(model, tokenizer, batch_invariant=False, **hf_options)

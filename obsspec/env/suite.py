@@ -1,6 +1,6 @@
 """Task suites: generate, import, validate and write them (`obsspec prepare-tasks`).
 
-    summary = asyncio.run(prepare_tasks(recipe, out_dir="runs/tasks", display=NullDisplay()))
+    summary = asyncio.run(prepare_tasks(recipe.tasks, recipe.sandbox, out_dir="runs/tasks", display=NullDisplay()))
 
 Output (under `out_dir`):
 - `train.jsonl`, `val.jsonl`    one Task per line (`datasets.load_dataset("json", ...)` reads them)
@@ -24,12 +24,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from obsspec.config import Recipe, TasksConfig, to_dict
 from obsspec.env.episode import EpisodeRecord, run_scripted
 from obsspec.env.families import all_families
 from obsspec.env.sandbox import SandboxConfig, preflight
 from obsspec.env.task import Task
-from obsspec.ui.display import Display
+from obsspec.fields import doc, to_dict
+from obsspec.progress import Display
 
 
 class SuiteError(ValueError):
@@ -42,6 +42,27 @@ class TaskNotFound(SuiteError):
 
 # ---------------------------------------------------------------------------------------------
 # Generation
+
+
+@dataclass(frozen=True)
+class TasksConfig:
+    """The recipe's `tasks` section: which tasks a suite holds and how they are checked."""
+
+    builtin: bool = doc(True, "Generate the built-in task families (obsspec/env/families).")
+    families: tuple[str, ...] = doc((), "Built-in families to use; empty = all of them.")
+    num_instances: int = doc(1000, "How many built-in instances to generate (spread over families).")
+    seed: int = doc(0, "Seed of the task generators: same seed, byte-identical task suite.")
+    val_fraction: float = doc(0.1, "Fraction of instances (per family) held out as validation.")
+    harbor_dir: str = doc("", "A Harbor-layout task folder (or folder of them) to import as well.")
+    determinism_check: bool = doc(True, "Run each reference solution twice and report which "
+                                        "observations differ (the ceiling of any world model's hit rate).")
+    workers: int = doc(4, "Sandboxes validated concurrently.")
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError("tasks.val_fraction must be in [0, 1)")
+        if self.num_instances < 0 or self.workers < 1:
+            raise ValueError("tasks.num_instances must be >= 0 and tasks.workers >= 1")
 
 
 def instance_seed(seed: int, family: str, index: int) -> int:
@@ -226,8 +247,8 @@ def _load_checkpoint(path: str) -> dict[str, dict]:
 # The command
 
 
-async def prepare_tasks(recipe: Recipe, out_dir: str, display: Display) -> dict:
-    cfg = recipe.tasks
+async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, display: Display) -> dict:
+    """Generate and import the tasks, validate each in a sandbox, and write the suite to `out_dir`."""
     t0 = time.monotonic()
     tasks, dropped = generate_builtin(cfg) if cfg.builtin else ([], [])
     skipped_imports = []
@@ -238,11 +259,11 @@ async def prepare_tasks(recipe: Recipe, out_dir: str, display: Display) -> dict:
         tasks += report.tasks
         skipped_imports = [{"task": name, "reason": why} for name, why in report.skipped]
     t_gen = time.monotonic() - t0
-    if recipe.sandbox.isolation == "bwrap":
-        await preflight(recipe.sandbox)
+    if sandbox.isolation == "bwrap":
+        await preflight(sandbox)
     os.makedirs(out_dir, exist_ok=True)
     checkpoint = os.path.join(out_dir, "validation.partial.jsonl")
-    validations = await validate_all(tasks, recipe.sandbox, cfg.workers, cfg.determinism_check,
+    validations = await validate_all(tasks, sandbox, cfg.workers, cfg.determinism_check,
                                      display, checkpoint)
     valid = [v for v in validations if not v.problem]
     dropped += [{"task_id": v.task.task_id, "reason": v.problem} for v in validations if v.problem]

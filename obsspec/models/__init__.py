@@ -7,11 +7,12 @@ No model can be downloaded here (DESIGN.md section 6), so the embedded default t
 - `warmstart.py`   supervised warm start (TRL SFTTrainer) of the policy on reference solutions and
                    pre-training of the world-model base on real observations
 - `kit.py`         `ensure_kit`: build all three once, cache them keyed by config + corpus
-- `evaluate.py`    the policy's success rate on validation tasks in real sandboxes
+- `evaluate.py`    `evaluate_val`: the policies' success and a world model's exact hits on the
+                   validation tasks, in real sandboxes
 - `config.py`      `KitConfig`, the recipe section (no torch import)
 
     python -m obsspec.models.kit TASKS_DIR [kit.key=value ...]                    # build (or reuse)
-    python -m obsspec.models.evaluate TASKS_DIR [kit.key=value ...] --world-model kit
+    python bench/evaluate_models.py TASKS_DIR [kit.key=value ...] --world-model kit
 
 See docs/MODELS.md for the layout, the training recipe and measured numbers.
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from obsspec.env.sandbox import SandboxConfig
 from obsspec.models.config import KitConfig
 from obsspec.rollout.scheduler import Sampling
-from obsspec.ui.display import Display, NullDisplay
+from obsspec.progress import Display, NullDisplay
 
 KIT_FORMAT = 3  # bump when the layout or the training recipe changes, to invalidate old kits (3: listing atoms)
 # the snapshot's text and use (2: the sandbox's `ls -lR`; 3: also in the tokenizer's corpus); in the key when on
@@ -366,14 +366,14 @@ def _policy_rollouts(policy, tokenizer, fmt, tasks_dir: str, cfg: KitConfig, san
     """`cfg.rollouts` sampled episodes of the warm-started policy on train tasks spread over the
     split, through the same episode loop as every rollout (the engine's fast batched mode: these
     are training data, not a losslessness check)."""
-    from obsspec.engines.hf import HFEngine
+    from obsspec.engines.hf import fast_engine
     from obsspec.env.suite import load_tasks, spread
-    from obsspec.models.evaluate import rollout_tasks
+    from obsspec.rollout.batch import rollout_tasks
 
     picked = spread(load_tasks(os.path.join(tasks_dir, TRAIN_TASKS)), cfg.rollouts)
 
     async def run():
-        async with HFEngine(policy, tokenizer, batch_invariant=False) as engine:
+        async with fast_engine(policy, tokenizer) as engine:
             return await rollout_tasks(engine, fmt, picked, sandbox, sampling,
                                        concurrency=cfg.rollout_workers, display=display,
                                        label="policy rollouts for the world model")
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from obsspec.config import load_recipe
-    from obsspec.ui.display import make_display
+    from obsspec.progress import make_display
 
     p = argparse.ArgumentParser(prog="python -m obsspec.models.kit", description=__doc__.split("\n")[0])
     p.add_argument("tasks_dir", help="a prepared task suite (obsspec prepare-tasks --out DIR)")

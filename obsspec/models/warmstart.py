@@ -31,7 +31,7 @@ from trl import SFTConfig, SFTTrainer
 
 from obsspec.models.config import TinyModelConfig
 from obsspec.tokens import ChatFormat, transcript, wm_row
-from obsspec.ui.display import Display, NullDisplay
+from obsspec.progress import Display, NullDisplay
 
 
 def examples(fmt: ChatFormat, trajectories: Iterable[dict], target: str,

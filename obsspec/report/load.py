@@ -3,7 +3,7 @@
     run = load_run("runs/rollout")      # -> RunData
     run.breakdown("speculative")        # per-episode latency parts, from the trace
 
-A **rollout run** is what `obsspec rollout` writes (obsspec/rollout/run.py): `summary.json`,
+A **rollout run** is what `obsspec rollout` writes (obsspec/rollout_run.py): `summary.json`,
 `trace-<mode>.jsonl` (every event) and `trajectories-<mode>.jsonl`. Everything the report
 shows is derived from those events and turns; nothing else is read.
 
@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 
 from obsspec.jsonl import read_jsonl
-from obsspec.sim.workload import command_class
+from obsspec.commands import command_class
 
 
 class ReportError(ValueError):
@@ -159,11 +159,9 @@ class RunData:
 
     def hits_over_time(self, mode: str) -> list[tuple[float, str, bool]]:
         """(time, command class, matched) for every draft compared with the real observation."""
-        commands = {}
-        for ev in self.traces.get(mode, []):
-            if ev["kind"] == "exec_start":
-                commands[(ev["episode"], ev["turn"])] = ev.get("command", "")
-        return [(ev["t"], command_class(commands.get((ev["episode"], ev["turn"]), "")), ev["kind"] == "match")
+        steps = {(t["episode"], k): (turn.get("command", ""), turn.get("observation", ""))
+                 for t in self.trajectories.get(mode, []) for k, turn in enumerate(t["turns"])}
+        return [(ev["t"], command_class(*steps.get((ev["episode"], ev["turn"]), ("", ""))), ev["kind"] == "match")
                 for ev in self.traces.get(mode, []) if ev["kind"] in ("match", "rollback")]
 
     def latencies(self, mode: str) -> dict[int, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from obsspec.training.rollouts import mean_of, pooled_success
+from obsspec.rollout.metrics import mean_of, pooled_success
 
 COLORS = {"generation": "#4c72b0", "tool": "#dd8452", "blocked": "#c44e52", "other": "#bbbbbb",
           "world_model": "#8172b3", "overlap": "#55a868"}

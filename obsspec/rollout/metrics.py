@@ -235,3 +235,24 @@ def export_chrome_trace(trace_jsonl: str, out_path: str) -> int:
     with open(out_path, "w") as f:
         json.dump(trace, f)
     return len(trace["traceEvents"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Over the rows of a training run's metrics.jsonl
+
+
+def pooled_success(rows: list[dict]) -> dict:
+    """"family/kind" -> success over several steps' `success_by_kind` (metrics.jsonl rows)
+    together; a kind with no scored episode there is absent."""
+    won, scored = Counter(), Counter()
+    for row in rows:
+        for k, (w, n) in (row.get("success_by_kind") or {}).items():
+            won[k] += w
+            scored[k] += n
+    return {k: won[k] / scored[k] for k in sorted(scored) if scored[k]}
+
+
+def mean_of(values) -> float | None:
+    """The mean of the values that are not None (None if there are none)."""
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None

@@ -131,7 +131,7 @@ class Scheduler:
                     continue
                 commands.append(action.command)
                 request = PredictRequest(task_key, task.task_id, episode, turn, tuple(commands),
-                                         tuple(traj.ids) + tuple(fmt.obs_prefix_ids), task)
+                                         tuple(fmt.wm_prompt_ids(traj.ids)), task)
                 eligible = speculative and self.predictor is not None
                 skip = eligible and carried is None and 0 < self.busy_limit <= self.busy
                 if skip:
@@ -253,8 +253,7 @@ class Scheduler:
             raise
         if outcome != "pending":
             return result, None, outcome
-        real_ids, real_body = self.fmt.observation_ids(result.body)
-        matched = next((sp for sp in specs if sp.body_ids == real_ids[real_body]), None)
+        matched = next((sp for sp in specs if self.fmt.is_hit(sp.body_ids, result.body)), None)
         for spec in specs:
             if spec is not matched:
                 await self._cancel(spec, "rollback" if matched is None else "other_draft")
@@ -331,7 +330,7 @@ class Scheduler:
             return []
         ids = prompt + list(gen.token_ids)
         nxt = PredictRequest(request.task_key, request.task_id, request.episode, request.turn + 1,
-                             request.commands + (action.command,), tuple(ids) + tuple(self.fmt.obs_prefix_ids),
+                             request.commands + (action.command,), tuple(self.fmt.wm_prompt_ids(ids)),
                              request.task)
         return await self._branch(ids, nxt, depth, scope)
 
@@ -395,8 +394,7 @@ class Scheduler:
         for d in drafts:
             if d.body is None:
                 continue
-            body = chat.normalize_draft(d.body, cap=self.cap)
-            ids, span = self.fmt.observation_ids(body)
+            body, ids, span = self.fmt.draft_observation_ids(d.body, self.cap)
             if tuple(ids[span]) not in seen:
                 seen.add(tuple(ids[span]))
                 out.append((Draft(body, d.tokens, d.source), ids, span))

@@ -7,7 +7,7 @@
 Synthetic draws use common random numbers: every turn draws the same uniforms whatever the
 parameters, so two grid points differ only by the parameter that changed. A recorded run gives,
 per episode and turn, the action's token count (from `policy_mask`), the kind, the tool latency,
-the command class (first word), whether the draft matched (`match`/`rollback` in the speculative
+the command class (obsspec/commands.py, as in the training metrics), whether the draft matched (`match`/`rollback` in the speculative
 trajectories; other turns draw from the measured per-class hit rate) and the world model's
 latency (from the speculative trace; `exec_won` turns never get a draft in time). The engine's
 step model (single-stream and aggregate tokens/s) is fitted on the sequential run's generations:
@@ -27,14 +27,9 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from obsspec.commands import first_program
+from obsspec.commands import command_class
 from obsspec.sim.config import SimConfig, SimError, parse_classes
 from obsspec.sim.episodes import SimTurn
-
-
-def command_class(command: str) -> str:
-    """The first program of the command (after `cd x &&`, `sudo`, env assignments)."""
-    return first_program(command)[:24] or "other"
 
 
 def _hit_rate(cfg: SimConfig, cls: str) -> float:
@@ -177,7 +172,7 @@ class RecordedRun:
         for t in self.speculative or []:
             for turn in t["turns"]:
                 if turn.get("spec") in ("match", "rollback"):
-                    c = out.setdefault(command_class(turn["command"]), [0, 0])
+                    c = out.setdefault(command_class(turn["command"], turn.get("observation", "")), [0, 0])
                     c[0] += turn["spec"] == "match"
                     c[1] += 1
         return {k: (a, n) for k, (a, n) in out.items()}
@@ -220,7 +215,8 @@ class RecordedRun:
                 continue  # did other work in the two modes; the measured reduction leaves it out too
             for k, turn in enumerate(traj["turns"]):
                 u_hit, tool_rng = rng.random(), random.Random(rng.random())
-                cls = command_class(turn.get("command", "")) if turn["kind"] == "bash" else turn["kind"]
+                cls = command_class(turn.get("command", ""), turn.get("observation", "")) \
+                    if turn["kind"] == "bash" else turn["kind"]
                 seen = outcomes.get((e, k), "")
                 if "hits" not in resample and seen in ("match", "rollback"):
                     hit = seen == "match"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from obsspec.fields import doc
+from obsspec.worldmodel.config import peft_lora
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,6 @@ class TrainConfig:
         """The PEFT LoraConfig of the policy adapter, or None (full fine-tuning)."""
         if not self.policy_lora_rank:
             return None
-        from obsspec.worldmodel.train import peft_lora
-
         return peft_lora(self.policy_lora_rank, self.policy_lora_alpha or 2 * self.policy_lora_rank,
                          self.policy_lora_targets)
 
@@ -120,3 +119,7 @@ class TrainConfig:
                 f"step must split evenly over {num_processes} process(es) and micro-batches of "
                 f"train.micro_batch_size = {self.micro_batch_size}: change one of them")
         return per_process // min(self.micro_batch_size, per_process)
+
+
+class TrainError(ValueError):
+    """A problem the user can fix (an existing run without --resume, a different recipe)."""

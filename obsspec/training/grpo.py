@@ -31,11 +31,7 @@ import json
 import os
 
 from obsspec.config import Recipe
-from obsspec.training.config import TrainConfig
-
-
-class TrainError(ValueError):
-    """A problem the user can fix (an existing run without --resume, a different recipe)."""
+from obsspec.training.config import TrainConfig, TrainError
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,7 +113,7 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
 
     from obsspec.training import checkpoints
     from obsspec.training.setup import build_run
-    from obsspec.ui.display import NullDisplay
+    from obsspec.progress import NullDisplay
 
     import warnings
 

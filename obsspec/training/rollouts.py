@@ -6,7 +6,7 @@
 TRL calls `rollouts(prompts, trainer)` once per step on every process, with that process's slice
 of the generation batch. A prompt is a task id (the dataset's `prompt` column), already repeated
 `group_size` times in a row (trl 1.16 repeats them before the call). All the slice's episodes run
-at once through the one episode loop (obsspec/rollout/scheduler.py), so group members share the
+at once through the one batch driver (obsspec/rollout/batch.py), so group members share the
 engine's batches and the history cache. One row per episode:
 - `prompt_ids`      the instruction as the policy saw it;
 - `completion_ids`  actions and observations, ending with EOS (appended, masked, after a last
@@ -27,7 +27,6 @@ summary.json), so `obsspec report` and `obsspec rollout --replay` read them.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import time
@@ -36,11 +35,10 @@ from dataclasses import dataclass, field
 
 from obsspec.commands import command_class
 from obsspec.env.task import Task
-from obsspec.rollout.events import EventBus, JsonlTrace
+from obsspec.rollout.batch import Live, run_episodes, write_summary
 from obsspec.rollout.metrics import SpecMetrics
-from obsspec.rollout.scheduler import Sampling, Scheduler
+from obsspec.rollout.scheduler import Sampling
 from obsspec.rollout.trajectory import Trajectory
-from obsspec.ui.live import NoLive
 
 
 @dataclass(frozen=True)
@@ -104,10 +102,10 @@ def merge_steps(parts: list[StepRollouts]) -> StepRollouts:
 
 class Rollouts:
     def __init__(self, tasks: dict[str, Task], settings: RolloutSettings, policy, fmt, predictor,
-                 out_dir: str, rank: int = 0, live=None):
+                 out_dir: str, rank: int = 0, live: Live | None = None):
         self.tasks, self.settings, self.policy, self.fmt = tasks, settings, policy, fmt
         self.predictor, self.out_dir, self.rank = predictor, out_dir, rank
-        self.live = live or NoLive()
+        self.live = live
         self.last: StepRollouts | None = None
         self.policy_adapter: str | None = None   # set by PolicySync when the engine is a server
         self.sync = None              # called with the trainer before each step's rollouts
@@ -146,32 +144,25 @@ class Rollouts:
         rollouts/step-NNNNNN/). With a `label`: outside the training steps (val evaluation, with
         its own `settings`), so `last` stays the last step's."""
         s = settings or self.settings
-        bus, metrics = EventBus(), SpecMetrics()
-        bus.subscribe(metrics)
-        mode = "speculative" if s.speculative else "sequential"
         out = _fresh_dir(out) if out else self._step_dir(step)
-        trace = JsonlTrace(os.path.join(out, f"trace-{mode}.jsonl"), mode)
-        bus.subscribe(trace)
-        sched = Scheduler(self.policy, self.fmt, bus, s.sampling, cap=s.cap,
-                          predictor=self.predictor if s.speculative else None, depth=s.depth,
-                          adapter=self.policy_adapter, busy_limit=s.busy_limit)
         t0 = time.monotonic()
         cache_before = (getattr(self.predictor, "lookups", 0), getattr(self.predictor, "hits", 0))
-        self.live.start(metrics, len(tasks), label or f"step {step} rollouts", speculative=s.speculative)
-        try:
-            trajectories = asyncio.run(sched.run_batch(tasks, s.make_tool, speculative=s.speculative,
-                                                       concurrency=s.concurrency, first_episode=first_episode))
-        finally:
-            self.live.stop()
-            trace.close()
+        batch = asyncio.run(run_episodes(
+            self.policy, self.fmt, tasks, s.make_tool, s.sampling, cap=s.cap, speculative=s.speculative,
+            predictor=self.predictor, depth=s.depth, busy_limit=s.busy_limit, concurrency=s.concurrency,
+            first_episode=first_episode, adapter=self.policy_adapter, out_dir=out, live=self.live,
+            title=label or f"step {step} rollouts"))
+        trajectories = batch.trajectories
         counts = outcome_counts(trajectories)
         if hasattr(self.predictor, "lookups") and s.speculative:  # this step's, not cumulative
             counts["cache/lookups"] = self.predictor.lookups - cache_before[0]
             counts["cache/hits"] = self.predictor.hits - cache_before[1]
         result = StepRollouts(step, trajectories, {}, class_hits(trajectories), time.monotonic() - t0,
-                              success_by_kind(tasks, trajectories), metrics, counts)
+                              success_by_kind(tasks, trajectories), batch.metrics, counts)
         result.summarise()
-        self._write(out, mode, tasks, result, first_episode)
+        write_summary(out, {"command": "train", "step": result.step, "episodes": len(tasks),
+                            "modes": {batch.mode: result.metrics}, "spec/class_hits": result.class_hits,
+                            "success_by_kind": result.by_kind})
         if not label:
             self.last = result
         return result
@@ -211,19 +202,6 @@ class Rollouts:
     def _step_dir(self, step: int) -> str:
         name = f"step-{step:06d}" + (f".rank{self.rank}" if self.rank else "")
         return _fresh_dir(os.path.join(self.out_dir, "rollouts", name))
-
-    def _write(self, out: str, mode: str, tasks: list[Task], result: StepRollouts, first: int) -> None:
-        with open(os.path.join(out, "episodes.jsonl"), "w") as f:
-            for i, t in enumerate(tasks):
-                f.write(json.dumps({"episode": first + i, "task": t.to_dict()}, sort_keys=True) + "\n")
-        with open(os.path.join(out, f"trajectories-{mode}.jsonl"), "w") as f:
-            for tr in result.trajectories:
-                f.write(json.dumps(tr.to_dict(), sort_keys=True) + "\n")
-        summary = {"command": "train", "step": result.step, "episodes": len(tasks),
-                   "modes": {mode: result.metrics}, "spec/class_hits": result.class_hits,
-                   "success_by_kind": result.by_kind}
-        with open(os.path.join(out, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
 
 
 def _fresh_dir(path: str) -> str:
@@ -269,23 +247,6 @@ def success_by_kind(tasks: list[Task], trajectories: list[Trajectory]) -> dict:
         scored[key] += 1
         won[key] += tr.reward >= 1.0
     return {k: [won[k], scored[k]] for k in sorted(scored)}
-
-
-def pooled_success(rows: list[dict]) -> dict:
-    """"family/kind" -> success over several steps' `success_by_kind` (metrics.jsonl rows)
-    together; a kind with no scored episode there is absent."""
-    won, scored = Counter(), Counter()
-    for row in rows:
-        for k, (w, n) in (row.get("success_by_kind") or {}).items():
-            won[k] += w
-            scored[k] += n
-    return {k: won[k] / scored[k] for k in sorted(scored) if scored[k]}
-
-
-def mean_of(values) -> float | None:
-    """The mean of the values that are not None (None if there are none)."""
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def class_hits(trajectories: list[Trajectory]) -> dict:

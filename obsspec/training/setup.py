@@ -30,16 +30,17 @@ from obsspec.jsonl import read_jsonl
 from obsspec.env.suite import interleave, load_tasks, spread
 from obsspec.rollout.config import sampling
 from obsspec.rollout.predictors import WithHistory
-from obsspec.training.rollouts import RolloutSettings, Rollouts, mean_of, outcome_metrics, pooled_success
+from obsspec.rollout.metrics import mean_of, pooled_success
+from obsspec.training.config import TrainError
+from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics
 
 EVAL_EPISODES = 10**9  # val episodes are numbered from here: the same seeds before and after
 
 
 def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRun":
-    from obsspec.rollout.run import (ensure_tasks, make_engine, model_paths, tool_factory,
-                                     world_model_engine, world_model_predictor)
+    from obsspec.build import (ensure_tasks, make_engine, model_paths, tool_factory, world_model_engine,
+                               world_model_predictor)
     from obsspec.tokens import ChatFormat
-    from obsspec.training.grpo import TrainError
     from obsspec.worldmodel.adapters import resolve_adapter
 
     t = recipe.train
@@ -166,7 +167,7 @@ class TrainingRun:
                  for _ in range(t.eval_group_size)]
         if not tasks:
             return {"episodes": 0}
-        from obsspec.rollout.run import tool_factory
+        from obsspec.build import tool_factory
 
         # Success only: sequential episodes without emulated latency give the speculative run's
         # very tokens (lossless) in less time, and leave the history cache and spec metrics alone.
@@ -274,8 +275,6 @@ def _kind_thirds(rows: list[dict], third: int) -> dict:
 def _read_metrics(path: str) -> list[dict]:
     if not os.path.exists(path):
         return []
-    from obsspec.training.grpo import TrainError
-
     return read_jsonl(path, TrainError)
 
 

@@ -69,3 +69,11 @@ class WorldModelTrainConfig:
             raise ValueError(f"wm_train.eval_fraction must be in [0, 1), got {self.eval_fraction}")
         if self.eval_limit < 0 or self.eval_max_tokens < 0:
             raise ValueError("wm_train.eval_limit and wm_train.eval_max_tokens must be >= 0")
+
+
+def peft_lora(rank: int, alpha: int, target_modules, dropout: float = 0.0):
+    """The PEFT LoraConfig obsspec trains (the world model's adapters and a policy LoRA alike)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                      target_modules=list(target_modules), bias="none", task_type="CAUSAL_LM")

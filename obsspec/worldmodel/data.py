@@ -15,7 +15,7 @@ Sources (one or several at once):
 An example is exactly the context the rollout gives the world model: reference rows are laid
 out by `obsspec.tokens.transcript` (whose `wm_mask` targets are what `wm_prompt_ids` predicts),
 rollouts keep their own token ids and `wm_mask` (error observations of malformed calls carry no
-mask, so they are never targets). Evaluation cases come from `obsspec.models.evaluate`
+mask, so they are never targets). Evaluation cases come from `obsspec.worldmodel.cases`
 (`reference_cases`, `trajectory_cases`), the one place that cuts "context -> body" steps.
 The split is by task instance (a hash of the task id and the seed), so every episode of a
 held-out task, reference or rollout, is held out together; identical rows are counted and kept once.
@@ -155,7 +155,7 @@ def eval_cases(fmt, episodes: list[Episode], snapshots: dict[str, list[int]] | N
                ) -> tuple[list, int]:
     """Deduplicated held-out steps (`WMCase`s) and how many duplicates were removed
     (`snapshots`: as in `examples`)."""
-    from obsspec.models.evaluate import reference_cases, trajectory_cases
+    from obsspec.worldmodel.cases import reference_cases, trajectory_cases
 
     cases, seen, duplicates = [], set(), 0
     for e in episodes:

@@ -1,21 +1,80 @@
-"""Exact-hit evaluation of world-model adapters side by side with their base, on held-out steps.
+"""Exact-hit evaluation of a world model, and of its adapters side by side with their base.
 
+    figures = await evaluate_world_model(engine, fmt, cases, cap=2048, max_tokens=2112)
     results = evaluate_models(model, tokenizer, cases, {"base": None, "wm-v3": path},
                               cap=2048, max_tokens=2112)
 
-One engine serves the base and every adapter (loaded by name, as in a rollout). Each draft is
-made and judged by `obsspec.models.evaluate.evaluate_world_model`: the rollout's
-`WorldModelPredictor` (greedy, stops at the closing tag, capped), then `is_hit`, the scheduler's
-own test (normalise, truncate, encode, compare body token ids). There is one code path for "is
-this draft a hit"; this module only adds the comparison and the latency ratio.
+Cases come from obsspec/worldmodel/cases.py. Each draft is made by the rollout's
+`WorldModelPredictor` (greedy, stops at the closing tag, capped) and judged by
+`ChatFormat.draft_hits`, the scheduler's own test (normalise, truncate, encode, compare body
+token ids): one code path for "is this draft a hit". Figures overall and per command class
+(obsspec/commands.py), with the unusable-draft rate and draft latency. `evaluate_models` serves
+the base and every adapter from one engine (loaded by name, as in a rollout).
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
+import time
+from collections import defaultdict
 from typing import Any
 
-from obsspec.ui.display import Display, NullDisplay
+from obsspec.commands import command_class
+from obsspec.progress import Display, NullDisplay
+from obsspec.rollout.predictors import PredictRequest, WorldModelPredictor
+from obsspec.tokens import ChatFormat
+from obsspec.worldmodel.cases import WMCase
+
+
+def _frac(n: int, d: int) -> float | None:
+    return round(n / d, 4) if d else None
+
+
+async def evaluate_world_model(engine, fmt: ChatFormat, cases: list[WMCase], cap: int,
+                               max_tokens: int, *, concurrency: int = 4,
+                               display: Display | None = None, label: str = "world model drafts",
+                               adapter: str | None = None) -> dict:
+    """Greedy drafts for `cases` (with LoRA adapter `adapter` loaded on the engine, or the base);
+    exact-hit and unusable rates overall and per command class."""
+    display = display or NullDisplay()
+    predictor = WorldModelPredictor(engine, fmt, cap=cap, max_tokens=max_tokens, adapter=adapter)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, case: WMCase) -> tuple[bool, bool, float]:
+        async with gate:
+            t0 = time.monotonic()
+            (draft,) = await predictor.predict(PredictRequest("", "", i, 0, (case.command,), case.prompt_ids))
+            sec = time.monotonic() - t0
+        display.advance(1)
+        return draft.body is None, fmt.draft_hits(draft.body, case.body, cap), sec
+
+    display.start(len(cases), label)
+    try:
+        results = await asyncio.gather(*(one(i, c) for i, c in enumerate(cases)))
+    finally:
+        display.finish()
+    by_class: dict[str, list[bool]] = defaultdict(list)
+    sec_by_class: dict[str, list[float]] = defaultdict(list)
+    for case, (_, hit, sec) in zip(cases, results):
+        by_class[command_class(case.command, case.body)].append(hit)
+        sec_by_class[command_class(case.command, case.body)].append(sec)
+    tool = [c.tool_sec for c in cases if c.tool_sec > 0]
+    draft_sec = statistics.fmean(r[2] for r in results) if results else None
+    return {
+        "steps": len(cases), "exact_frac": _frac(sum(r[1] for r in results), len(results)),
+        "unusable_frac": _frac(sum(r[0] for r in results), len(results)),
+        "per_class": {k: {"steps": len(v), "exact_frac": _frac(sum(v), len(v))}
+                      for k, v in sorted(by_class.items())},
+        "per_class_draft_sec_mean": {k: round(statistics.fmean(v), 4) for k, v in sorted(sec_by_class.items())},
+        "classes_with_output_hit": sorted(k for k, v in by_class.items()
+                                          if k not in ("no_output",) and any(v)),
+        "draft_sec_mean": round(draft_sec, 4) if draft_sec is not None else None,
+        "draft_concurrency": concurrency,
+        "tool_sec_mean": round(statistics.fmean(tool), 4) if tool else None,
+    }
+
+
 
 
 def with_latency_ratio(result: dict) -> dict:
@@ -30,14 +89,12 @@ async def evaluate_models_async(model: Any, tokenizer: Any, cases: list, adapter
                                 display: Display | None = None, hf_options: dict | None = None) -> dict[str, dict]:
     """label -> figures, for each label's adapter folder (None: the bare base); `hf_options`:
     the recipe's `world_model.hf_options`, so drafts are decoded as in the rollout."""
-    from obsspec.engines.hf import HFEngine
-    from obsspec.models.evaluate import evaluate_world_model
-    from obsspec.tokens import ChatFormat
+    from obsspec.engines.hf import fast_engine
 
     display = display or NullDisplay()
     fmt = ChatFormat(tokenizer)
     results: dict[str, dict] = {}
-    async with HFEngine(model, tokenizer, batch_invariant=False, **(hf_options or {})) as engine:
+    async with fast_engine(model, tokenizer, **(hf_options or {})) as engine:
         for label, path in adapters.items():
             name = None
             if path is not None:

@@ -22,7 +22,7 @@ import shutil
 import time
 
 from obsspec.config import Recipe, to_dict
-from obsspec.ui.display import Display, NullDisplay
+from obsspec.progress import Display, NullDisplay
 from obsspec.worldmodel import data
 from obsspec.worldmodel.adapters import AdapterStore, resolve_adapter
 from obsspec.worldmodel.evaluate import evaluate_models, gain
@@ -50,7 +50,7 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
                          eval_only: str = "", eval_on: list[str] | None = None,
                          display: Display | None = None) -> dict:
     from obsspec.models.tiny import load_pretrained
-    from obsspec.rollout.run import workspace_snapshots
+    from obsspec.build import workspace_snapshots
     from obsspec.tokens import ChatFormat
 
     display = display or NullDisplay()
@@ -111,7 +111,7 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
 def evaluate(fmt, model, tokenizer, recipe: Recipe, sources: list[str], episodes: list,
              adapters: dict[str, str | None], display: Display, snapshots=None, tasks: dict | None = None) -> dict:
     """Figures for the base and each adapter on the held-out steps of `episodes` (`snapshots`:
-    the run's snapshot builder, `rollout.run.workspace_snapshots`, or None; `tasks`: the
+    the run's snapshot builder, `obsspec.build.workspace_snapshots`, or None; `tasks`: the
     sources' tasks, `data.source_tasks(sources)`, which the snapshots are taken from)."""
     from obsspec.env.suite import spread
 

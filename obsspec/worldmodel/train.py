@@ -21,19 +21,11 @@ import shutil
 import time
 from typing import Any
 
-from obsspec.worldmodel.config import WorldModelTrainConfig
+from obsspec.worldmodel.config import WorldModelTrainConfig, peft_lora
 
 
 def lora_config(cfg: WorldModelTrainConfig):
     return peft_lora(cfg.rank, cfg.alpha, cfg.target_modules, cfg.dropout)
-
-
-def peft_lora(rank: int, alpha: int, target_modules, dropout: float = 0.0):
-    """The PEFT LoraConfig obsspec trains (the world model's adapters and a policy LoRA alike)."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
-                      target_modules=list(target_modules), bias="none", task_type="CAUSAL_LM")
 
 
 def check_targets(base_model: Any, cfg: WorldModelTrainConfig) -> None:

@@ -1,4 +1,4 @@
-"""Displays: how long-running library code reports progress without importing rich.
+"""Progress displays: how long-running library code reports progress without importing rich.
 
 Library code takes a `Display` and calls `start(total, label)`, `advance(n)`, `log(msg)` and
 `finish()`. The CLI picks one: `RichDisplay` (a live progress bar, redrawn about once a second),

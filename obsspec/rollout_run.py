@@ -1,0 +1,168 @@
+"""`obsspec rollout`: a batch of episodes, sequential, speculative or both side by side.
+
+    summary = run_rollout(recipe, out_dir="runs/rollout", mode="both", live="auto")
+
+Each mode is one batch of obsspec/rollout/batch.py; its parts come from obsspec/build.py.
+Writes under `out_dir`:
+- `episodes.jsonl`                 the tasks in episode order (what --replay needs)
+- `trajectories-<mode>.jsonl`      token ids, masks, logprobs, turns, reward per episode
+- `trace-<mode>.jsonl`             every event; `trace.json` is the Chrome/Perfetto timeline
+- `summary.json`                   the side-by-side table and whether the modes were token-identical
+With `replay_dir`, tools are not executed: each episode answers from that run's recorded
+observations and recorded tool latencies, to evaluate another predictor on the same episodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+
+from obsspec.build import (RolloutError, ensure_tasks, make_engine, model_paths, predictor_for, tool_factory,
+                           world_model_engine)
+from obsspec.config import Recipe
+from obsspec.env.suite import load_tasks, spread
+from obsspec.env.task import Task
+from obsspec.jsonl import read_jsonl
+from obsspec.progress import Display
+from obsspec.rollout.batch import run_episodes, write_summary
+from obsspec.rollout.config import sampling
+from obsspec.rollout.metrics import export_chrome_trace
+from obsspec.rollout.trajectory import Trajectory
+from obsspec.tokens import ChatFormat
+from obsspec.worldmodel.adapters import resolve_adapter
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: the episodes
+
+
+async def episode_tasks(recipe: Recipe, display: Display) -> list[Task]:
+    """`rollout.num_tasks` tasks spread over the `rollout.split` split, each `rollout.group_size`
+    times in a row (a GRPO group)."""
+    cfg = recipe.rollout
+    tasks_dir = await ensure_tasks(recipe, display)
+    tasks = load_tasks(os.path.join(tasks_dir, f"{cfg.split}.jsonl"))
+    tasks = spread(tasks, min(cfg.num_tasks, len(tasks)))
+    if not tasks:
+        raise RolloutError(f"{tasks_dir}: the {cfg.split} split has no tasks "
+                           f"(choose rollout.split=train, or prepare more instances)")
+    return [t for t in tasks for _ in range(cfg.group_size)]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, display: Display) -> dict:
+    cfg, pol = recipe.rollout, recipe.policy
+    adapter = resolve_adapter(recipe.world_model.adapter)  # a bad one fails now, not after the kit
+    if replay_dir:
+        episodes, recorded = _load_replay(replay_dir)
+    else:
+        episodes, recorded = await episode_tasks(recipe, display), None
+    policy_path, wm_path = model_paths(recipe, display)
+    policy, tokenizer = make_engine(pol, policy_path, pol.max_batch_size)
+    fmt = ChatFormat(tokenizer)
+    wm_engine = None
+    os.makedirs(out_dir, exist_ok=True)
+
+    settings = sampling(pol, cfg.seed)
+    modes = ["sequential", "speculative"] if mode == "both" else [mode]
+    results: dict[str, list[Trajectory]] = {}
+    summaries: dict[str, dict] = {}
+    try:
+        for m in modes:
+            predictor = None
+            if m == "speculative":
+                if cfg.predictor == "world_model" and wm_engine is None:
+                    wm_engine = world_model_engine(recipe, wm_path, tokenizer)
+                    if adapter is not None:
+                        await wm_engine.load_adapter(adapter.name, adapter.path)
+                # the oracle answers from the sequential run just made, or from the replayed one
+                source = results.get("sequential") or (recorded and [Trajectory.from_dict(r) for r in recorded]) \
+                    if cfg.predictor == "oracle" else None
+                predictor = predictor_for(recipe, fmt, wm_engine, episodes, source, adapter.name if adapter else None)
+            batch = await run_episodes(
+                policy, fmt, episodes, tool_factory(recipe, recorded), settings, cap=recipe.sandbox.output_cap,
+                speculative=m == "speculative", predictor=predictor, depth=cfg.depth, busy_limit=cfg.busy_limit,
+                concurrency=cfg.concurrency, out_dir=out_dir, live=live, title=f"{m} rollout")
+            results[m] = batch.trajectories
+            summaries[m] = {**batch.metrics.summary(), "predictor": predictor.name if predictor else None}
+    finally:
+        policy.close()
+        if wm_engine is not None:
+            wm_engine.close()
+    _merge_traces(out_dir, modes)
+    summary = {"command": "rollout", "out_dir": out_dir, "episodes": len(episodes),
+               "replay_of": replay_dir or None, "modes": summaries,
+               "tool_latency": {"emulated": cfg.latency.kind != "none", "kind": cfg.latency.kind,
+                                "median_s": cfg.latency.median_s}}
+    if len(modes) == 2:
+        summary["comparison"] = compare(results["sequential"], results["speculative"])
+    write_summary(out_dir, summary)
+    return summary
+
+
+def _load_replay(run_dir: str) -> tuple[list[Task], list[dict]]:
+    eps = os.path.join(run_dir, "episodes.jsonl")
+    for mode in ("sequential", "speculative"):
+        path = os.path.join(run_dir, f"trajectories-{mode}.jsonl")
+        if os.path.exists(path) and os.path.exists(eps):
+            break
+    else:
+        raise RolloutError(f"{run_dir}: not a rollout run directory (no episodes.jsonl and "
+                           "trajectories-*.jsonl)")
+    rows = read_jsonl(eps, RolloutError)
+    try:
+        tasks = [Task.from_dict(row["task"]) for row in rows]
+    except (KeyError, ValueError) as e:
+        raise RolloutError(f"{eps}: not the episodes of a rollout run ({type(e).__name__}: {e})") from None
+    return tasks, read_jsonl(path, RolloutError)
+
+
+def _merge_traces(out_dir: str, modes: list[str]) -> None:
+    merged = os.path.join(out_dir, "trace-all.jsonl")
+    with open(merged, "w") as out:
+        for m in modes:
+            with open(os.path.join(out_dir, f"trace-{m}.jsonl")) as f:
+                out.write(f.read())
+    export_chrome_trace(merged, os.path.join(out_dir, "trace.json"))
+    os.remove(merged)
+
+
+def compare(seq: list[Trajectory], spec: list[Trajectory]) -> dict:
+    """Token identity and latency reduction of speculative against sequential, per episode.
+
+    An episode can differ for a reason speculation does not control: the tool printed something
+    else the second time (e.g. two processes of a pipeline racing on stderr). Each differing
+    episode is classified by its first differing token: inside an observation -> `tool`, inside
+    an action -> `policy` (that one would be a losslessness bug, or batch effects in the
+    engine's fast mode). Latency reduction is computed over token-identical episodes only, the
+    only ones where the two runs did the same work.
+    """
+    by_tool, by_policy, same = [], [], []
+    for a, b in zip(seq, spec):
+        if a.tokens_equal(b) and a.reward == b.reward and \
+                all(abs(x - y) <= 1e-4 for x, y in zip(a.logprobs, b.logprobs)):
+            same.append((a, b))
+            continue
+        i = next((k for k, (x, y) in enumerate(zip(a.ids, b.ids)) if x != y), min(len(a.ids), len(b.ids)))
+        in_action = i < len(a.policy_mask) and a.policy_mask[i] == 1
+        (by_policy if in_action else by_tool).append(a.episode)
+    pairs = [(a.latency_sec, b.latency_sec) for a, b in same
+             if not a.infra_error and not b.infra_error and a.latency_sec > 0]
+    seq_mean = statistics.fmean(p[0] for p in pairs) if pairs else None
+    spec_mean = statistics.fmean(p[1] for p in pairs) if pairs else None
+    return {
+        "token_identical": not by_tool and not by_policy,
+        "episodes_differing": sorted(by_tool + by_policy),
+        "differing_first_in_observation": by_tool, "differing_first_in_action": by_policy,
+        "episodes_compared_for_latency": len(pairs),
+        "latency_mean_sequential_sec": seq_mean, "latency_mean_speculative_sec": spec_mean,
+        "mean_latency_reduction": (1 - spec_mean / seq_mean) if pairs and seq_mean else None,
+        "mean_per_episode_reduction": statistics.fmean(1 - b / a for a, b in pairs) if pairs else None,
+    }
+
+
+def run_rollout(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, display: Display) -> dict:
+    return asyncio.run(_run(recipe, out_dir, mode, replay_dir, live, display))

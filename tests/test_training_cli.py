@@ -10,13 +10,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from obsspec.rollout_run import compare
 from obsspec.rollout.trajectory import Trajectory
-from test_cli import cli
+from test_cli import ROOT, cli
 from test_rollout_cli import MICRO
 
 pytestmark = [pytest.mark.integration,
@@ -135,27 +134,72 @@ def test_resume_refuses_a_run_begun_under_another_task_order(root, run, tmp_path
     assert r.returncode == 2 and "task_order" in r.stderr, r.stderr[-2000:]
 
 
-def test_resume_after_a_kill_repeats_no_step_and_skips_none(root, run):
-    """Kill the run (SIGKILL) once its first checkpoint is written, resume it, and compare with
-    the uninterrupted run: the same steps, the same episodes token for token, the same rewards."""
+# Runs `obsspec ARGS...` and SIGKILLs itself at POINT of checkpoint-STEP's save: `before` the
+# trainer's save, `mid-save` (the model written; optimizer, RNG, trainer state not), then the points
+# of obsspec/training/checkpoints.py: `trainer-saved`, `state-written`, `complete`.
+KILLER = """
+import os, signal, sys
+import transformers
+from obsspec.training import checkpoints
+
+point, step = sys.argv[1], int(sys.argv[2])
+
+def kill():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def kill_before(method, name):
+    original = getattr(transformers.Trainer, method)
+    def wrapped(self, *args, **kwargs):
+        if point == name and self.state.global_step == step:
+            kill()
+        return original(self, *args, **kwargs)
+    setattr(transformers.Trainer, method, wrapped)
+
+kill_before("_save_checkpoint", "before")
+kill_before("_save_optimizer_and_scheduler", "mid-save")
+checkpoints.reached = lambda name, d: kill() if name == point and checkpoints.step_of(d) == step else None
+from obsspec.cli import app
+app(sys.argv[3:], prog_name="obsspec")
+"""
+
+# (where the run is killed, in which step's save, the complete checkpoints left, the interrupted ones)
+KILLS = [("before", 1, [], []),
+         ("mid-save", 1, [], [1]),
+         ("complete", 1, [1], []),
+         ("trainer-saved", 2, [1], [2]),   # save_total_limit=1 must not have taken checkpoint-1
+         ("state-written", 2, [1], [2])]
+
+
+def test_resume_after_a_kill_at_any_point_of_a_save_repeats_no_step_and_skips_none(root, run):
+    """Kill the run (SIGKILL) at each point of a checkpoint's save in turn, resuming each time:
+    a checkpoint is complete or skipped (with one line naming both), and the run ends as the
+    uninterrupted one did: the same steps, the same episodes token for token, the same rewards."""
+    from obsspec.training.checkpoints import find_checkpoints
+
     ref_dir, _ = run
     out = root / "killed"
-    args = ["train", *common(root), f"train.steps={STEPS}", "--out", str(out), "--display", "none"]
-    proc = subprocess.Popen([sys.executable, "-m", "obsspec", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    marker = out / "checkpoints" / "checkpoint-1" / "obsspec_state.json"
-    deadline = time.monotonic() + 240
-    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert marker.exists(), "the run died before its first checkpoint"
-    assert not (out / "checkpoints" / f"checkpoint-{STEPS}").exists(), "the kill came too late to test"
+    args = ["train", *common(root), f"train.steps={STEPS}", "train.save_total_limit=1", "--out", str(out),
+            "--display", "plain"]
+    resumed_from = None  # (the complete checkpoint, the interrupted ones) the next resume must name
+    for i, (point, step, complete, interrupted) in enumerate(KILLS):
+        r = subprocess.run([sys.executable, "-c", KILLER, point, str(step), *args, *(["--resume"] if i else [])],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert r.returncode == -signal.SIGKILL, f"not killed at {point} of step {step}: {r.stderr[-3000:]}"
+        if resumed_from is not None:
+            assert_resume_line(r.stderr, *resumed_from)
+        found = find_checkpoints(str(out / "checkpoints"))
+        assert [int(p.rsplit("-", 1)[1]) for p in found.complete] == complete, f"killed at {point} of step {step}"
+        assert [int(p.rsplit("-", 1)[1]) for p in found.incomplete] == interrupted, f"killed at {point} of step {step}"
+        resumed_from = (complete[-1] if complete else None, interrupted)
+        if i == 0:
+            again = cli(*args)  # without --resume: refused, nothing touched
+            assert again.returncode == 2 and "--resume" in again.stderr
 
-    again = cli(*args[:-2], "--display", "none")  # without --resume: refused, nothing touched
-    assert again.returncode == 2 and "--resume" in again.stderr
     r = cli(*args, "--resume")
     assert r.returncode == 0, r.stderr[-4000:]
+    assert_resume_line(r.stderr, *resumed_from)
+    assert sorted(n for n in os.listdir(out / "checkpoints") if "checkpoint-" in n) == [f"checkpoint-{STEPS}"], \
+        "save_total_limit=1 keeps the newest complete checkpoint only"
     got, want = metrics(out), metrics(ref_dir)
     assert [m["step"] for m in got] == [m["step"] for m in want] == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
@@ -170,6 +214,16 @@ def test_resume_after_a_kill_repeats_no_step_and_skips_none(root, run):
             break
         assert got[step - 1]["reward"] == want[step - 1]["reward"]
     assert got[-1]["wm/version"] is not None
+
+
+def assert_resume_line(stderr: str, complete, interrupted) -> None:
+    lines = [x for x in stderr.splitlines() if x.startswith("resuming from")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    want = f"checkpoint-{complete} (step {complete})" if complete else "step 0: "
+    assert want in lines[0], lines[0]
+    for step in interrupted:
+        assert f"checkpoint-{step}" in lines[0].split("skipping", 1)[1], lines[0]
+    assert ("skipping" in lines[0]) == bool(interrupted), lines[0]
 
 
 def test_resume_refuses_a_changed_recipe_and_a_missing_run(root, run, tmp_path):
@@ -278,8 +332,13 @@ def test_rollouts_of_step_k_plus_1_run_on_the_weights_step_k_left(root, tmp_path
     monkeypatch.setattr(R.Rollouts, "reward", alternating)
     monkeypatch.setattr(S.MetricsLog, "on_log", spy_log)
     recipe = load_recipe(common(root)[0], [*common(root)[1:], "train.steps=3", "train.eval_tasks=0",
-                                            "train.cotrain_every=0", f"train.policy_lora_rank={lora_rank}"])
+                                            "train.cotrain_every=0", f"train.policy_lora_rank={lora_rank}",
+                                            "train.report_to=tensorboard"])
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
     grpo.run_training(recipe, str(tmp_path / "live"))
+    # the two parametrizations are two runs in this one process: each logs to its own folder
+    assert list((tmp_path / "live" / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard log in the run"
+    assert "TENSORBOARD_LOGGING_DIR" not in os.environ
     assert sorted(at_rollout) == [1, 2, 3] and sorted(after_step) == [1, 2, 3]
     for k in (1, 2):
         assert at_rollout[k + 1] == after_step[k], f"step {k + 1}'s rollouts did not use step {k}'s weights"

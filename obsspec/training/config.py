@@ -58,7 +58,8 @@ class TrainConfig:
                                      "(LoRA settings: the wm_train section).")
     save_steps: int = doc(10, "Checkpoint every this many steps (and at the end): policy, "
                               "optimizer, world-model adapter, history cache, data position, RNG.")
-    save_total_limit: int = doc(2, "Checkpoints kept (older ones are deleted).")
+    save_total_limit: int = doc(2, "Complete checkpoints kept (older ones are deleted once a newer "
+                                   "one is complete).")
     eval_tasks: int = doc(16, "Val tasks whose success is measured before and after training "
                               "(same tasks and seeds both times; 0 = skip).")
     eval_group_size: int = doc(2, "Episodes per val task in those evaluations.")

@@ -18,7 +18,9 @@ Run directory (`--out`, default RUN_DIR/train-NAME):
 - `rollouts/step-NNNNNN/`     each step's episodes, as `obsspec rollout` writes them
 - `eval/val-before/`, `eval/val-after/`  the val episodes (sequential, no emulated latency)
 - `checkpoints/checkpoint-N/` TRL/transformers checkpoints + `obsspec_state.json` (world-model
-                              adapter version, history cache)
+                              adapter version, history cache), written last: a checkpoint without
+                              it is an interrupted save, which `--resume` skips and removes
+                              (obsspec/training/checkpoints.py)
 - `world_model/adapters/`     published adapter versions; `tensorboard/` TRL's logs
 """
 
@@ -80,8 +82,6 @@ def grpo_args(t: TrainConfig, recipe: Recipe, out_dir: str, num_processes: int):
     from trl import GRPOConfig
 
     accum = t.accumulation(num_processes)
-    # transformers 5 takes TensorBoard's folder from the environment only
-    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(out_dir, "tensorboard"))
     cuda = recipe.policy.device == "cuda" and torch.cuda.is_available()
     return GRPOConfig(
         output_dir=os.path.join(out_dir, "checkpoints"),
@@ -96,7 +96,8 @@ def grpo_args(t: TrainConfig, recipe: Recipe, out_dir: str, num_processes: int):
         temperature=recipe.policy.temperature or 1.0, top_p=recipe.policy.top_p,
         max_completion_length=recipe.policy.max_context,
         logging_steps=1, save_strategy="steps", save_steps=t.save_steps,
-        save_total_limit=t.save_total_limit, report_to=[] if t.report_to == "none" else [t.report_to],
+        # rotation is ours, once a checkpoint is complete (obsspec/training/checkpoints.py)
+        save_total_limit=None, report_to=[] if t.report_to == "none" else [t.report_to],
         seed=t.seed, data_seed=t.seed, shuffle_dataset=False,  # the dataset comes in our order (setup.py)
         remove_unused_columns=False, disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False,
@@ -109,8 +110,8 @@ def grpo_args(t: TrainConfig, recipe: Recipe, out_dir: str, num_processes: int):
 
 def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, display=None) -> dict:
     from accelerate import PartialState
-    from transformers.trainer_utils import get_last_checkpoint
 
+    from obsspec.training import checkpoints
     from obsspec.training.setup import build_run
     from obsspec.progress import NullDisplay
 
@@ -124,25 +125,29 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     # cpu=True lets a CPU run launched with torchrun / accelerate be distributed (gloo); without it
     # accelerate would see one process per launch and every process would train alone.
     state = PartialState(cpu=recipe.policy.device != "cuda" or not torch.cuda.is_available())
-    ckpt_dir = os.path.join(out_dir, "checkpoints")
-    checkpoint = get_last_checkpoint(ckpt_dir) if os.path.isdir(ckpt_dir) else None
-    _check_run_dir(recipe, out_dir, resume, checkpoint)  # every process, before anyone writes
+    found = checkpoints.find_checkpoints(os.path.join(out_dir, "checkpoints"))
+    checkpoint = found.resume_from
+    # every process, before anyone writes
+    _check_run_dir(recipe, out_dir, resume, bool(found.complete or found.incomplete))
     state.wait_for_everyone()
     if state.is_main_process:
         os.makedirs(out_dir, exist_ok=True)
         _write_json(os.path.join(out_dir, "recipe.json"), _recipe_json(recipe))
+        for path in found.incomplete:  # interrupted saves: the redone steps save into these names
+            checkpoints.remove(path)
     training_plan(recipe, state.num_processes)  # the batch arithmetic fails here, before any work
 
     run = build_run(recipe, out_dir, state, live if state.is_main_process else None, display)
     try:
-        if checkpoint:
+        if resume:
             run.restore(checkpoint)
-            display.log(f"resuming from {checkpoint} (step {run.restored_step})")
+            display.log(found.describe(os.path.join(out_dir, "checkpoints")))
         evals = _read_json(os.path.join(out_dir, "eval.json")) or {}
         if "before" not in evals and state.is_main_process and recipe.train.eval_tasks:
             evals["before"] = run.evaluate("val before training", "val-before")
             _write_json(os.path.join(out_dir, "eval.json"), evals)
         trainer = run.trainer(grpo_args(recipe.train, recipe, out_dir, state.num_processes))
+        log_tensorboard_to(trainer, os.path.join(out_dir, "tensorboard"))
         trainer.train(resume_from_checkpoint=checkpoint)
         run.finish_cotraining()
         run.sync_policy(trainer)
@@ -157,6 +162,17 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     return summary
 
 
+def log_tensorboard_to(trainer, logging_dir: str) -> None:
+    """transformers 5 reads TensorBoard's folder from TENSORBOARD_LOGGING_DIR when the trainer is
+    built; set on the trainer's callback instead, each run logs to its own folder (a variable set
+    for the first run of a process sent a second run's logs there too)."""
+    from transformers.integrations import TensorBoardCallback
+
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, TensorBoardCallback):
+            callback.logging_dir = logging_dir
+
+
 # How a run orders its tasks (obsspec/training/setup.py): saved with the recipe, so a run begun
 # under another order (before the kind-interleaved one) is refused on --resume, not continued on
 # different data.
@@ -167,7 +183,7 @@ def _recipe_json(recipe: Recipe) -> dict:
     return {**json.loads(json.dumps(dataclasses.asdict(recipe), default=list)), "task_order": TASK_ORDER}
 
 
-def _check_run_dir(recipe: Recipe, out_dir: str, resume: bool, checkpoint) -> None:
+def _check_run_dir(recipe: Recipe, out_dir: str, resume: bool, checkpoint: bool) -> None:
     saved = os.path.join(out_dir, "recipe.json")
     current = _recipe_json(recipe)
     if resume:

@@ -8,7 +8,8 @@ Callbacks:
 - `MetricsLog`   one line per step in metrics.jsonl: TRL's logs + the step's rollout metrics
                  (the raw summary, None kept) + per-class hits + world-model version/loss;
 - `StateSaver`   next to each TRL checkpoint, `obsspec_state.json`: the world-model adapter
-                 version serving the next rollouts and the history cache. TRL's own step counter
+                 version serving the next rollouts and the history cache; written last, it marks
+                 the checkpoint complete (obsspec/training/checkpoints.py). TRL's own step counter
                  and generation buffer are not saved, and need not be: one generation round is one
                  optimizer step here (steps_per_generation = accumulation, num_iterations = 1), so a
                  resumed run regenerates exactly at the step boundary it stopped on, and episode
@@ -33,7 +34,6 @@ from obsspec.rollout.metrics import mean_of, pooled_success
 from obsspec.training.config import TrainError
 from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics
 
-STATE_FILE = "obsspec_state.json"
 EVAL_EPISODES = 10**9  # val episodes are numbered from here: the same seeds before and after
 
 
@@ -132,25 +132,28 @@ class TrainingRun:
 
     # -- our state in checkpoints ----------------------------------------------------------------
     def save_state(self, checkpoint_dir: str) -> None:
+        """After the trainer's files: ours, which mark the checkpoint complete, then the rotation
+        (obsspec/training/checkpoints.py; transformers' own is off)."""
+        from obsspec.training import checkpoints
+
         if self.cotrainer is not None:
             self.cotrainer.finish()  # the version the next rollouts will use
         state = {"wm_version": self.cotrainer.version if self.cotrainer else None,
                  "history": self.predictor.cache.state() if isinstance(self.predictor, WithHistory) else None}
-        with open(os.path.join(checkpoint_dir, STATE_FILE), "w") as f:
-            json.dump(state, f)
+        checkpoints.write_state(checkpoint_dir, state)
+        checkpoints.rotate(os.path.dirname(checkpoint_dir), self.recipe.train.save_total_limit)
 
-    def restore(self, checkpoint_dir: str) -> None:
-        path = os.path.join(checkpoint_dir, STATE_FILE)
-        if not os.path.exists(path):
-            raise ValueError(f"{checkpoint_dir} has no {STATE_FILE}: it was not written by obsspec train "
-                             "(or the save was interrupted); remove it to resume from the one before")
-        with open(path) as f:
-            state = json.load(f)
-        if state.get("history") is not None and isinstance(self.predictor, WithHistory):
-            self.predictor.cache.load_state(state["history"])
-        if self.cotrainer is not None:
-            self.cotrainer.restore(state.get("wm_version"))
-        self.restored_step = int(os.path.basename(checkpoint_dir).rsplit("-", 1)[-1])
+    def restore(self, checkpoint_dir: str | None) -> None:
+        """Our state from a complete checkpoint; None = a resume from step 0 (no complete one)."""
+        from obsspec.training import checkpoints
+
+        if checkpoint_dir is not None:
+            state = checkpoints.read_state(checkpoint_dir)
+            if state.get("history") is not None and isinstance(self.predictor, WithHistory):
+                self.predictor.cache.load_state(state["history"])
+            if self.cotrainer is not None:
+                self.cotrainer.restore(state.get("wm_version"))
+            self.restored_step = checkpoints.step_of(checkpoint_dir)
         if self.state.is_main_process:  # the only writer of metrics.jsonl
             _truncate_metrics(os.path.join(self.out_dir, "metrics.jsonl"), self.restored_step)
 

@@ -41,6 +41,9 @@ SLOW_TESTS = {
     "test_snapshot.py::test_switch_on_is_lossless_and_rows_cases_and_drafts_agree",
     "test_training.py::test_a_dead_cotraining_worker_is_loud_restarted_and_the_engine_keeps_its_version",
     "test_training.py::test_one_cotraining_worker_trains_every_version_and_a_failed_job_keeps_it_alive",
+    "test_worldmodel.py::test_train_worldmodel_trains_publishes_and_evaluates",
+    "test_worldmodel.py::test_train_adapter_learns_saves_and_leaves_the_base_as_it_was",
+    "test_kit.py::test_a_training_step_changes_every_parameter",
 }
 
 

@@ -14,7 +14,6 @@ import copy
 import dataclasses
 import json
 import os
-import time
 
 import pytest
 import torch
@@ -268,9 +267,7 @@ def test_engine_swaps_versions_in_place_refuses_bad_ones_and_keeps_serving(train
             await engine.load_adapter("wm", v2)  # waits for the running version's requests
             during = await long_run
             second = await engine.generate(req())
-            t0 = time.monotonic()
-            await engine.load_adapter("wm", v1)  # an idle swap: what a refresh costs
-            swap_sec = time.monotonic() - t0
+            await engine.load_adapter("wm", v1)  # an idle swap (its time: bench/worldmodel_adapter.py)
             await engine.load_adapter("wm", v2)
             errors = []
             for bad in (broken, other, tmp_path / "nothing"):
@@ -278,9 +275,9 @@ def test_engine_swaps_versions_in_place_refuses_bad_ones_and_keeps_serving(train
                     await engine.load_adapter("wm", bad)
                 errors.append(str(e.value))
             after_bad = await engine.generate(req())
-            return first, during, second, after_bad, swap_sec, errors
+            return first, during, second, after_bad, errors
 
-    first, during, second, after_bad, swap_sec, errors = asyncio.run(main())
+    first, during, second, after_bad, errors = asyncio.run(main())
     assert list(first.token_ids) == ref1
     assert second.logprobs != first.logprobs, "outputs did not change after the swap to a new version"
     assert list(during.token_ids[:12]) == list(first.token_ids) and \
@@ -289,7 +286,6 @@ def test_engine_swaps_versions_in_place_refuses_bad_ones_and_keeps_serving(train
     assert after_bad.logprobs == pytest.approx(second.logprobs, abs=1e-6) and \
         list(after_bad.token_ids) == list(second.token_ids), "a refused adapter disturbed the version served"
     assert "cannot be read" in errors[0] and "does not fit this model" in errors[1] and "cannot be read" in errors[2]
-    assert swap_sec < 1.0, f"adapter swap took {swap_sec:.2f}s (target < 1 s for the tiny models)"
 
 
 def long_run_id(engine):

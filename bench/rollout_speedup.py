@@ -136,7 +136,7 @@ class Bench:
 
     async def setup(self) -> None:
         base = load_recipe(self.args.recipe, self.args.overrides)
-        self.n_tasks = max(1, self.args.episodes // base.rollout.group_size)
+        self.n_tasks = max(1, self.args.episodes // base.train.group_size)
         base = self.recipe()
         display = PlainDisplay()
         self.episodes = await episode_tasks(base, display)

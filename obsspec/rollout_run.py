@@ -44,8 +44,8 @@ MODELS = "models.json"
 
 
 async def episode_tasks(recipe: Recipe, display: Display) -> list[Task]:
-    """`rollout.num_tasks` tasks spread over the `rollout.split` split, each `rollout.group_size`
-    times in a row (a GRPO group)."""
+    """`rollout.num_tasks` tasks spread over the `rollout.split` split, each `train.group_size`
+    times in a row (a GRPO group, as training runs them)."""
     cfg = recipe.rollout
     tasks_dir = await ensure_tasks(recipe, display)
     tasks = load_tasks(os.path.join(tasks_dir, f"{cfg.split}.jsonl"))
@@ -53,7 +53,7 @@ async def episode_tasks(recipe: Recipe, display: Display) -> list[Task]:
     if not tasks:
         raise RolloutError(f"{tasks_dir}: the {cfg.split} split has no tasks "
                            f"(choose rollout.split=train, or prepare more instances)")
-    return [t for t in tasks for _ in range(cfg.group_size)]
+    return [t for t in tasks for _ in range(recipe.train.group_size)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -159,3 +159,11 @@ def test_train_families_must_be_in_the_suite_the_recipe_prepares():
         load_recipe("recipes/tiny-cpu.yaml", ["train.families=[csv-filter]"])
     # another suite (rollout.tasks_dir) is not the recipe's own: its families are its own
     load_recipe("recipes/tiny-cpu.yaml", ["train.families=[csv-filter]", "rollout.tasks_dir=elsewhere"])
+
+
+def test_one_group_size_for_training_and_the_rollout_command():
+    """rollout.group_size and train.group_size said the same thing twice (and could disagree)."""
+    with pytest.raises(ConfigError, match="unknown key 'rollout.group_size'"):
+        load_recipe("recipes/tiny-cpu.yaml", ["rollout.group_size=3"])
+    assert load_recipe("recipes/tiny-cpu.yaml", ["train.group_size=3", "train.tasks_per_step=2",
+                                                 "train.micro_batch_size=6"]).train.group_size == 3

@@ -29,7 +29,7 @@ def run_dir(tmp_path_factory):
             "tasks.determinism_check=false", "--out", str(tasks), "--display", "none")
     assert r.returncode == 0, r.stderr[-2000:]
     common = ["recipes/tiny-cpu.yaml", f"rollout.tasks_dir={tasks}", f"rollout.kit_cache={root / 'kit'}",
-              "rollout.split=train", "rollout.num_tasks=2", "rollout.group_size=2", "policy.max_turns=3",
+              "rollout.split=train", "rollout.num_tasks=2", "train.group_size=2", "policy.max_turns=3",
               "policy.max_new_tokens=48", "policy.max_context=1024", "sandbox.output_cap=200",
               "world_model.max_tokens=264",
               # four episodes share one engine, so the recipe's load gate would skip every draft

@@ -108,8 +108,6 @@ class RolloutConfig:
     breadth: int = doc(1, "Drafts per turn (world model: greedy + sampled).")
     split: str = doc("val", "Which split of the prepared suite to roll out on: train or val.")
     num_tasks: int = doc(8, "Tasks taken from the split, spread evenly over it (so over its families).")
-    group_size: int = doc(4, "Episodes per task in `obsspec rollout` (a GRPO group: same task, different "
-                             "seeds); training uses train.group_size.")
     concurrency: int = doc(0, "Episodes running at once (0 = all).")
     busy_limit: int = doc(0, "Do not speculate on a command while this many committed policy "
                              "generations (or more) are in flight: a busy engine has no idle "
@@ -127,7 +125,7 @@ class RolloutConfig:
             raise ValueError("rollout.mode must be sequential, speculative or both")
         if self.predictor not in ("world_model", "history", "oracle", "none"):
             raise ValueError("rollout.predictor must be world_model, history, oracle or none")
-        for name in ("depth", "breadth", "num_tasks", "group_size"):
+        for name in ("depth", "breadth", "num_tasks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1 (got {getattr(self, name)})")
         for name in ("concurrency", "busy_limit"):

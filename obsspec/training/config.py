@@ -21,8 +21,8 @@ class TrainConfig:
                                         "empty = every family of the suite. GRPO learns nothing from "
                                         "tasks the policy never solves (every group's advantage is 0).")
     tasks_per_step: int = doc(4, "Train tasks per step (distinct prompts).")
-    group_size: int = doc(4, "Episodes per task in training (the GRPO group whose mean is the "
-                             "baseline); `obsspec rollout` uses rollout.group_size.")
+    group_size: int = doc(4, "Episodes per task: the GRPO group whose mean is the baseline, in "
+                             "training and in `obsspec rollout` alike.")
     micro_batch_size: int = doc(16, "Episodes per forward/backward pass on one process; the step's "
                                     "episodes are accumulated over as many passes as needed.")
     learning_rate: float = doc(1e-6, "Peak learning rate of the policy (AdamW).")

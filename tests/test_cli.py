@@ -103,7 +103,7 @@ def test_prepare_tasks_is_reproducible_and_loadable(tmp_path):
 
 def test_the_demo_replaces_only_its_own_training_run(tmp_path):
     """`obsspec demo --out DIR` used to delete any DIR/train holding a recipe.json, a run of
-    `obsspec train` included (found by an adversarial review)."""
+    `obsspec train` included."""
     from obsspec.demo import DEMO_MARK, fresh_train_dir
 
     train = tmp_path / "train"
@@ -121,7 +121,7 @@ def test_the_demo_replaces_only_its_own_training_run(tmp_path):
 
 
 def test_prepare_tasks_from_takes_the_folder_name_as_given(tmp_path):
-    """`--from 0x10` imported the folder `16` (the path went through YAML): adversarial review."""
+    """`--from 0x10` imported the folder `16` (the path went through YAML)."""
     (tmp_path / "16").mkdir()
     r = cli("prepare-tasks", "--from", "0x10", "--no-builtin", "--out", "out", cwd=tmp_path)
     assert r.returncode == 2 and "0x10" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -47,7 +47,7 @@ def test_reset_override_restores_default(tmp_path):
     ("", ["sandbox.timeout_s=-1"], "sandbox.timeout_s must be a positive number"),
     ("", ["nonsense"], "expected key=value"),
     ("", ["tasks.num_instances=many"], "'tasks.num_instances' must be int"),
-    # found by an adversarial review: nan passed every range check; a repeated key was silent
+    # nan passed every range check; a repeated key was silent
     ("", ["policy.temperature=nan"], "'policy.temperature' must be a finite number"),
     ("", ["sandbox.timeout_s=inf"], "'sandbox.timeout_s' must be a finite number"),
     ("sandbox:\n  timeout_s: 5\n  timeout_s: 30\n", [], "key 'timeout_s' appears twice"),
@@ -119,7 +119,7 @@ def test_a_hub_policy_is_not_held_to_the_tiny_models_positions():
 
 def test_hostile_recipe_files_are_one_short_line(tmp_path):
     """An alias bomb of 576 bytes made a 580 MB error message; non-UTF-8 bytes and deep nesting
-    were tracebacks (adversarial review)."""
+    were tracebacks."""
     levels = ["  - &a0 [x, x, x, x, x, x, x, x, x, x]"]
     levels += [f"  - &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 7)]
     bomb = tmp_path / "bomb.yaml"

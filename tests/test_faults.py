@@ -285,7 +285,7 @@ def test_one_failing_draft_request_cancels_its_siblings():
 def test_a_world_model_prompt_past_its_positions_gets_no_draft_and_the_episode_goes_on():
     """A history that fills the policy's context, plus the observation opening, is longer than a
     world model with as many positions takes: its engine refused the prompt, the scheduler took
-    that for a bug and the training run died (found by an adversarial review)."""
+    that for a bug and the training run died."""
 
     class Engine:
         calls = 0

@@ -150,7 +150,7 @@ def test_non_utf8_file_is_skipped(tmp_path):
 
 
 def test_fifos_devices_and_odd_names_are_skipped_and_links_count_their_size(tmp_path):
-    """Found by an adversarial review: a FIFO hung the import, a device node was read until memory
+    """A FIFO hung the import, a device node was read until memory
     ran out, 30 links to one 4.4 MB file made a 141 MB suite, a non-UTF-8 name crashed the write."""
     import os
 

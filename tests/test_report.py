@@ -180,7 +180,7 @@ def test_the_browser_check_catches_a_broken_page(tmp_path):
 
 def test_a_line_cut_short_by_a_crash_is_dropped_and_other_bad_lines_are_one_line(tmp_path):
     """A run killed while appending to metrics.jsonl could never be resumed or reported; a line
-    that is valid JSON but not an object was a traceback (adversarial review)."""
+    that is valid JSON but not an object was a traceback."""
     from obsspec.jsonl import read_jsonl
 
     p = tmp_path / "metrics.jsonl"

@@ -65,7 +65,7 @@ def test_agent_module_run_by_the_verifier_cannot_decide_the_reward():
     plant = ("import os\nos.makedirs('/logs/verifier', exist_ok=True)\n"
              "open('/logs/verifier/reward.txt', 'w').write('1')\nprint('\\n[]')\n")
     forks = "import os\nif os.fork() == 0:\n    open('/logs/verifier/reward.txt', 'w').write('1')\n"
-    # found by an adversarial review (reward 1 before): plant, then make the judge fail before it
+    # reward 1 without these guards: plant, then make the judge fail before it
     # clears /logs — lock the directory, or have PID 1 kill the judge (SIGUSR1) — built-in
     # verifiers now report by exit status only
     locked = plant.replace("print('\\n[]')\n", "os.chmod('/logs/verifier', 0o555)\n")
@@ -287,7 +287,7 @@ def test_signal_driven_io_and_system_v_ipc_are_not_the_agents():
 
 def test_sandboxes_share_no_kernel_keys_and_keep_their_pipe_sizes():
     """Keys are kept per host uid, which every sandbox shares: an episode's key was readable in
-    another running beside it (found by an adversarial review). The key calls are denied, and
+    another running beside it. The key calls are denied, and
     so is shrinking a pipe (the output pipe shared with the harness fills sooner)."""
     keys = ("python3 -c 'import ctypes; lib = ctypes.CDLL(None); "
             "print(lib.syscall(248, b\"user\", b\"note\", b\"1234\", 4, -3), lib.syscall(250, 0, -3, 0))'")
@@ -364,7 +364,7 @@ def test_no_host_path_is_visible():
     ("awk-sum-00005", "echo NaN > summary.txt"), ("awk-sum-00005", "echo inf > summary.txt"),
 ])
 def test_not_a_number_is_not_every_number(task_id, command):
-    # found by an adversarial review (reward 1 before): `abs(nan - w) > tol` is False
+    # reward 1 without the guard: `abs(nan - w) > tol` is False
     assert reward(task_by_id(task_id), [command]) == 0.0, f"{command!r} passed a numeric check"
 
 
@@ -375,8 +375,8 @@ def _harbor(verify: str, verify_files: dict | None = None) -> Task:
 
 def test_a_reward_file_written_before_the_verifier_was_killed_does_not_count():
     """A Harbor test.sh that runs the agent's code: that code wrote reward 1, then had PID 1 kill
-    the verifier (SIGUSR1) before test.sh wrote the real result. Found by an adversarial review
-    (reward 1 before); a reward file now counts only after a run nobody interrupted."""
+    the verifier (SIGUSR1) before test.sh wrote the real result: reward 1 without the guard. A
+    reward file counts only after a run nobody interrupted."""
     task = _harbor("bash /app/check.sh; echo 0 > /logs/verifier/reward.txt\n")
     attack = "printf 'echo 1 > /logs/verifier/reward.txt; kill -USR1 1; sleep 30\\n' > /app/check.sh"
     assert reward(task, [attack]) == 0.0, "a reward planted by a killed verifier's child counted"
@@ -386,7 +386,7 @@ def test_a_reward_file_written_before_the_verifier_was_killed_does_not_count():
 
 def test_acls_left_on_the_verifiers_directories_are_the_agents_failure():
     """A default ACL of `---` on /tests made the directories the verifier's files unpack into
-    unreadable: an infra error at will (found by an adversarial review). Emptied places lose
+    unreadable: an infra error at will. Emptied places lose
     their ACLs with everything else."""
     task = _harbor("cmp -s /tests/data/x.txt /app/x.txt && echo 1 > /logs/verifier/reward.txt\n",
                    {"data/x.txt": "x\n"})
@@ -396,7 +396,7 @@ def test_acls_left_on_the_verifiers_directories_are_the_agents_failure():
     assert reward(task, [acl, "printf 'x\\n' > /app/x.txt"]) == 1.0
 
 
-# Found by an adversarial review (reward 1 before): the judge's expected values were in the
+# Reward 1 without these guards: the judge's expected values were in the
 # verifier script, on disk in the state dir (and open in the bash running it) for the agent's
 # module to read while the judge ran it.
 READ_THE_CASES = r"""import ast, glob, os, re

@@ -361,7 +361,7 @@ def test_cache_hits_cannot_hide_a_world_model_that_predicts_nothing(baseline):
 
 def test_metrics_of_two_processes_merge_into_those_of_all_episodes(baseline):
     """With several training processes each rolls out its share; the step's metrics are merged
-    from theirs (rank 0's alone hid the other ranks' infra failures: an adversarial review)."""
+    from theirs (rank 0's alone hid the other ranks' infra failures)."""
     ts, seq = baseline
     _, rec, _ = run(ts[:4], speculative=True, predictor=oracle_from(ts, seq, group=5), group=2)
     whole, halves = SpecMetrics(), (SpecMetrics(), SpecMetrics())

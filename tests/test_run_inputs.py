@@ -28,7 +28,7 @@ def test_the_engine_the_recipe_names_is_the_engine_used(tmp_path):
 
 
 def test_the_recipes_own_suite_must_match_its_tasks_settings(tmp_path):
-    """RUN_DIR/tasks prepared from other tasks.* settings was used silently (adversarial review)."""
+    """RUN_DIR/tasks prepared from other tasks.* settings was used silently."""
     import asyncio
     import json
 
@@ -51,7 +51,7 @@ def test_the_recipes_own_suite_must_match_its_tasks_settings(tmp_path):
 
 def test_a_model_folder_that_is_not_there_fails_before_the_kit_is_built(tmp_path):
     """`policy.model=/nonexistent` failed only after the tiny kit's minutes-long build (the world
-    model was still tiny): adversarial review."""
+    model was still tiny)."""
     from obsspec.build import model_paths
     from obsspec.progress import NullDisplay
 

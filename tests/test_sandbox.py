@@ -48,7 +48,7 @@ def test_shell_state_persists_between_commands():
 
 def test_set_e_stops_a_command_not_the_shell():
     """`set -e` then a failure used to end every later command before it ran, `set +e` included
-    (the restored option tripped on the previous status): found by an adversarial review."""
+    (the restored option tripped on the previous status)."""
     r = run(session(["set -e; false; echo no", "echo $?; false; echo no", "echo $?; set +e; false; echo yes"]))
     assert [(text(x), x.exit_code) for x in r] == [("", 1), ("1\n", 1), ("1\nyes\n", 0)]
 

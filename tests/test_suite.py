@@ -63,7 +63,7 @@ def test_interrupted_validation_resumes_without_rerunning(tmp_path, monkeypatch)
 
 def test_a_task_the_sandbox_refuses_is_dropped_and_the_others_finish():
     """A task with a workdir the sandbox refuses (an imported WORKDIR /tmp) raised out of the
-    gather and left its siblings hanging mid-start: prepare-tasks never ended (adversarial review)."""
+    gather and left its siblings hanging mid-start: prepare-tasks never ended."""
     import dataclasses
 
     tasks, _ = suite.generate_builtin(TasksConfig(num_instances=2, families=("count-lines",)))
@@ -148,7 +148,7 @@ def test_a_hand_written_suite_line_of_the_wrong_shape_is_one_line_naming_it(tmp_
 
 
 def test_garbled_lines_of_suite_files_are_one_line_errors_or_skipped(tmp_path):
-    """Non-UTF-8 bytes and JSON lines that are not objects were tracebacks (adversarial review)."""
+    """Non-UTF-8 bytes and JSON lines that are not objects were tracebacks."""
     p = tmp_path / "t.jsonl"
     p.write_bytes(b'{"task_id": "caf\xe9"}\n')
     with pytest.raises(suite.SuiteError, match="t.jsonl:1: not a task"):

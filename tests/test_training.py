@@ -181,8 +181,8 @@ def test_history_cache_answers_first_and_its_state_round_trips():
 
 def test_the_history_cache_is_bounded_and_keeps_what_was_used_last():
     """The policy decides how long and how many observations are, and the cache lives through the
-    run and into every checkpoint (found unbounded, with each row repeating its whole command
-    history, by an adversarial review)."""
+    run and into every checkpoint (it was unbounded, each row repeating its whole command
+    history)."""
     import asyncio
 
     cache = HistoryCache(max_chars=30)

@@ -349,7 +349,7 @@ def test_rollout_refuses_a_missing_adapter_before_any_work(tmp_path):
 
 
 def test_a_source_line_that_is_not_a_trajectory_is_one_line(tmp_path):
-    """`"str"` or non-UTF-8 lines in an --eval-on source were tracebacks (adversarial review)."""
+    """`"str"` or non-UTF-8 lines in an --eval-on source were tracebacks."""
     from obsspec.worldmodel import data
 
     for text in (b'"str"\n', b'{"a": "caf\xe9"}\n'):

@@ -89,7 +89,6 @@ class Recipe:
                              f"observation at sandbox.output_cap = {self.sandbox.output_cap} characters: "
                              f"set it to at least {need}, or lower sandbox.output_cap")
 
-
     def check_training(self, num_processes: int = 1) -> None:
         """What `obsspec train` needs beyond a valid recipe (rollouts can do without): a
         ValueError naming the keys to change. `validate` runs it too."""

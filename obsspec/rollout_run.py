@@ -71,9 +71,9 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
     fmt = ChatFormat(tokenizer)
     wm_engine = None
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, MODELS), "w") as f:
-        json.dump({"policy": os.path.abspath(policy_path) if os.path.isdir(policy_path) else policy_path,
-                   "world_model": os.path.abspath(wm_path) if os.path.isdir(wm_path) else wm_path}, f, indent=2)
+    with open(os.path.join(out_dir, MODELS), "w") as f:  # (folders absolute: a replay may run elsewhere)
+        json.dump({section: os.path.abspath(p) if os.path.isdir(p) else p
+                   for section, p in (("policy", policy_path), ("world_model", wm_path))}, f, indent=2)
 
     settings = sampling(pol, cfg.seed)
     modes = ["sequential", "speculative"] if mode == "both" else [mode]
@@ -122,12 +122,17 @@ def _recorded_models(recipe: Recipe, replay_dir: str) -> tuple[str, str] | None:
         try:
             recorded = json.load(f)
         except ValueError:
-            raise RolloutError(f"{path}: not JSON") from None
-    policy = recorded.get("policy", "") if recipe.policy.model == "tiny" else recipe.policy.model
-    wm = recorded.get("world_model", "") if recipe.world_model.model == "tiny" else recipe.world_model.model
-    if not all(isinstance(p, str) and os.path.isdir(p) for p in (policy, wm) if p.startswith("/")):
-        return None  # (another machine: the kit is built from the recipe's suite, as without a replay)
-    return policy, wm
+            recorded = None
+    if not isinstance(recorded, dict):
+        raise RolloutError(f"{path}: not the models of a rollout run (a JSON object)")
+    chosen = []
+    for section, name in (("policy", recipe.policy.model), ("world_model", recipe.world_model.model)):
+        if name == "tiny":
+            name = recorded.get(section)
+            if not isinstance(name, str) or not os.path.isdir(name):
+                return None  # (another machine: the kit is built from the recipe's suite, as without a replay)
+        chosen.append(name)
+    return chosen[0], chosen[1]
 
 
 def _load_replay(run_dir: str) -> tuple[list[Task], list[dict]]:

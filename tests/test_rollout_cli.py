@@ -104,6 +104,10 @@ def test_rollout_bad_inputs_are_one_line(run_dir, tmp_path):
     root, common, _ = run_dir
     r = cli("rollout", *common, "--replay", str(tmp_path), "--out", str(tmp_path / "x"), "--display", "none")
     assert r.returncode == 2 and "not a rollout run directory" in r.stderr
+    shutil.copytree(root / "run", tmp_path / "broken")
+    (tmp_path / "broken" / "models.json").write_text("[]")
+    r = cli("rollout", *common, "--replay", str(tmp_path / "broken"), "--out", str(tmp_path / "w"), "--display", "none")
+    assert r.returncode == 2 and "not the models of a rollout run" in r.stderr and "Traceback" not in r.stderr
     r = cli("rollout", *common, "rollout.predictor=oracle", "--mode", "speculative", "--display", "none",
             "--out", str(tmp_path / "y"))
     assert r.returncode == 2 and "needs recorded observations" in r.stderr

@@ -70,8 +70,6 @@ class Sampling:
 INFRA_ERRORS: tuple[type[BaseException], ...] = (SandboxError, EngineClosedError, ReplayDiverged)
 
 
-
-
 @dataclass(eq=False)
 class _Speculation:
     """One draft observation for turn `turn - 1` and the speculative action of `turn` on it."""

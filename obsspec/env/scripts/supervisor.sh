@@ -130,7 +130,7 @@ while IFS=' ' read -r op nonce nbytes arg; do
       printf '%s\0' "${!__root_entries[@]}" |
         python3 -I -c "$OBSSPEC_JANITOR" "$where" "$tests" "$logs" "$state" "$OBSSPEC_WORKDIR" "$HOME" 2>&1
       rc=$?
-      [ "$rc" = 0 ] || [ "$rc" = 4 ] || rc=5  # 5: ours, not the agent's (the janitor did not run, or the machine starved it)
+      [ "$rc" = 0 ] || [ "$rc" = 4 ] || rc=5  # 5: ours, not the agent's (the janitor could not run)
       # (the janitor found these places empty: a write that fails now is not the agent's doing)
       if [ "$rc" = 0 ]; then mkdir -p "$logs/verifier" "$state/home" "$state/tmp" 2>&1 || rc=5; fi
       printf '\0%s %d\0' "$nonce" "$rc"

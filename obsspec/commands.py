@@ -52,6 +52,11 @@ def first_program(command: str) -> str:
     return ""
 
 
+def program_class(command: str) -> str:
+    """The class of a command before its output is known: its first program's (or "other")."""
+    return _CLASSES.get(first_program(command), "other")
+
+
 def command_class(command: str, body: str) -> str:
     """The class of one step: `no_output`, `error` (non-zero exit), or the program's class."""
     if body.startswith(chat.NO_OUTPUT + "\n"):

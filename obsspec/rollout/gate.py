@@ -1,0 +1,146 @@
+"""The speculation gate: a speculative generation starts only when its expected gain is positive.
+
+    gate = Gate(cost_share=0.25)
+    decision = gate.decide(source="world_model", cls="ls", confidence=0.83, elapsed_s=0.1)
+    if decision.go: ...start the speculative action...
+    gate.observe_draft(decision, hit=True)          # when the tool's real output is known
+
+A draft that arrives while its command still runs is worth, in seconds of episode time,
+
+    gain = p * min(G, T_left)  -  (1 - p) * G * cost_share
+
+- p        the calibrated probability that the draft equals the real output token for token:
+           a Beta estimate over this run's drafts of the same source, command class and
+           confidence bin, shrunk towards the class's rate, which is shrunk towards the draft's
+           own confidence (its sequence probability under the world model; instant sources
+           start from HIGH_PRIOR);
+- G        the mean committed policy generation time so far: what a hit hides at most;
+- T_left   the tool's expected time left (mean tool time of the class so far, minus what
+           has elapsed): a hit cannot hide more than the tool still takes;
+- cost_share  the share of a wasted speculative generation's compute that lands on committed
+           work (preempted, low-priority speculation on an engine of its own costs ~0; a CPU
+           shared with sandboxes and the world model costs more). A configured guess:
+           `obsspec rollout` reports the measured share (`committed_delay_frac`).
+
+The gate changes timing only, never tokens: a skipped draft is still compared with the real
+output (so the calibration keeps learning), and the next action is generated on the real
+observation exactly as sequentially. Decisions depend on timing, so they may differ between
+runs; outcomes never do.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+HIGH_PRIOR = 0.9        # prior hit rate of exact replays (history cache, siblings, oracle)
+DEFAULT_PRIOR = 0.5     # prior hit rate of a draft with no confidence of its own
+CONFIDENCE_BINS = (0.2, 0.4, 0.6, 0.8)  # upper edges of the confidence bins (the last is 1.0)
+SKIP_REASONS = ("busy", "no_time", "low_gain")
+
+
+def expected_gain(p_hit: float, gen_s: float, tool_left_s: float, cost_share: float) -> float:
+    """Seconds a speculation is expected to save (negative: expected to cost)."""
+    hide = max(0.0, min(gen_s, tool_left_s))
+    return p_hit * hide - (1.0 - p_hit) * gen_s * cost_share
+
+
+def confidence_bin(confidence: float | None) -> int:
+    """-1 for a draft without confidence, else 0..len(CONFIDENCE_BINS)."""
+    if confidence is None:
+        return -1
+    return sum(confidence > edge for edge in CONFIDENCE_BINS)
+
+
+@dataclass(frozen=True)
+class Decision:
+    go: bool
+    reason: str          # "" when go, else one of SKIP_REASONS
+    p: float             # calibrated hit probability
+    gain_s: float        # expected gain in seconds
+    tool_left_s: float
+    source: str
+    cls: str
+    confidence: float | None
+
+
+class _Rate:
+    """hits / n with a prior mean and strength."""
+
+    __slots__ = ("hits", "n")
+
+    def __init__(self) -> None:
+        self.hits = self.n = 0
+
+    def mean(self, prior: float, strength: float) -> float:
+        return (self.hits + strength * prior) / (self.n + strength)
+
+
+class _Mean:
+    __slots__ = ("total", "n")
+
+    def __init__(self) -> None:
+        self.total, self.n = 0.0, 0
+
+    def get(self, default: float) -> float:
+        return self.total / self.n if self.n else default
+
+
+class Gate:
+    """Online estimates of p, G and T, and the decision. One per scheduler (a run, a training
+    step's batch keeps the trainer's across steps)."""
+
+    def __init__(self, *, enabled: bool = True, cost_share: float = 0.25, prior_strength: float = 2.0,
+                 prior_tool_s: float = 1.0, prior_gen_s: float = 0.5, min_samples: int = 3):
+        if cost_share < 0 or prior_strength <= 0 or prior_tool_s < 0 or prior_gen_s < 0:
+            raise ValueError("gate: cost_share, prior_tool_s, prior_gen_s must be >= 0 and prior_strength > 0")
+        self.enabled, self.cost_share, self.strength = enabled, cost_share, prior_strength
+        self.prior_tool_s, self.prior_gen_s, self.min_samples = prior_tool_s, prior_gen_s, min_samples
+        self._class_rate: dict[tuple[str, str], _Rate] = defaultdict(_Rate)
+        self._bin_rate: dict[tuple[str, str, int], _Rate] = defaultdict(_Rate)
+        self._tool: dict[str, _Mean] = defaultdict(_Mean)
+        self._tool_all = _Mean()
+        self._gen = _Mean()
+
+    # -- estimates -------------------------------------------------------------------------------
+    def p_hit(self, source: str, cls: str, confidence: float | None) -> float:
+        prior = (HIGH_PRIOR if source != "world_model" else
+                 DEFAULT_PRIOR if confidence is None else min(max(confidence, 0.0), 1.0))
+        p_class = self._class_rate[(source, cls)].mean(prior, self.strength)
+        return self._bin_rate[(source, cls, confidence_bin(confidence))].mean(p_class, self.strength)
+
+    def tool_s(self, cls: str) -> float:
+        m = self._tool.get(cls)
+        if m is not None and m.n >= self.min_samples:
+            return m.get(self.prior_tool_s)
+        return self._tool_all.get(self.prior_tool_s)
+
+    def gen_s(self) -> float:
+        return self._gen.get(self.prior_gen_s)
+
+    # -- the decision ------------------------------------------------------------------------------
+    def decide(self, *, source: str, cls: str, confidence: float | None, elapsed_s: float) -> Decision:
+        p = self.p_hit(source, cls, confidence)
+        left = max(0.0, self.tool_s(cls) - elapsed_s)
+        gain = expected_gain(p, self.gen_s(), left, self.cost_share)
+        if not self.enabled or gain > 0:
+            reason = ""
+        else:
+            reason = "no_time" if left <= 0 else "low_gain"
+        return Decision(not reason, reason, p, gain, left, source, cls, confidence)
+
+    # -- what happened -----------------------------------------------------------------------------
+    def observe_draft(self, decision: Decision, hit: bool) -> None:
+        for rate in (self._class_rate[(decision.source, decision.cls)],
+                     self._bin_rate[(decision.source, decision.cls, confidence_bin(decision.confidence))]):
+            rate.n += 1
+            rate.hits += bool(hit)
+
+    def observe_tool(self, cls: str, seconds: float) -> None:
+        for m in (self._tool[cls], self._tool_all):
+            m.total += seconds
+            m.n += 1
+
+    def observe_generation(self, seconds: float) -> None:
+        self._gen.total += seconds
+        self._gen.n += 1

@@ -64,4 +64,4 @@ def command_class(command: str, body: str) -> str:
     exit_code = _EXIT.search(body)
     if exit_code is None or exit_code.group(1) != "0":
         return "error"
-    return _CLASSES.get(first_program(command), "other")
+    return program_class(command)

@@ -21,7 +21,8 @@ from obsspec.config import Recipe
 from obsspec.env.suite import prepare_tasks, suite_settings
 from obsspec.env.task import Task
 from obsspec.progress import Display
-from obsspec.rollout.predictors import HistoryCache, NoPredictor, Oracle, Predictor, WorldModelPredictor
+from obsspec.rollout.predictors import (HistoryCache, NoPredictor, Oracle, Predictor, WithHistory,
+                                        WorldModelPredictor)
 from obsspec.rollout.tools import EmulatedLatency, ReplayTool, SandboxTool
 from obsspec.rollout.trajectory import Trajectory
 
@@ -127,7 +128,8 @@ def predictor_for(recipe: Recipe, fmt, wm_engine, episodes: list[Task],
         return Oracle([(task.content_hash(), [t.command for t in tr.turns if t.kind == "bash"],
                         [t.observation for t in tr.turns if t.kind == "bash"])
                        for task, tr in zip(episodes, recorded)])
-    return world_model_predictor(recipe, fmt, wm_engine, adapter, recipe.rollout.seed)
+    predictor = world_model_predictor(recipe, fmt, wm_engine, adapter, recipe.rollout.seed)
+    return WithHistory(predictor) if kind == "tiered" else predictor
 
 
 def world_model_predictor(recipe: Recipe, fmt, wm_engine, adapter: str | None, seed: int):

@@ -8,7 +8,9 @@ Writes under `out_dir`:
 - `trajectories-<mode>.jsonl`      token ids, masks, logprobs, turns, reward per episode
 - `trace-<mode>.jsonl`             every event; `trace.json` is the Chrome/Perfetto timeline
 - `models.json`                    where the policy and the world model were loaded from
-- `summary.json`                   the side-by-side table and whether the modes were token-identical
+- `summary.json`                   the side-by-side table (the first pass of each mode), whether every
+                                   pass was token-identical, and the reduction over `rollout.pairs`
+                                   alternating pairs with its 95 % interval
 With `replay_dir`, tools are not executed: each episode answers from that run's recorded
 observations and recorded tool latencies, to evaluate another predictor on the same episodes.
 A replay needs nothing but that directory: its tasks are in episodes.jsonl, and 'tiny' models
@@ -30,8 +32,8 @@ from obsspec.env.task import Task
 from obsspec.jsonl import read_jsonl
 from obsspec.progress import Display
 from obsspec.rollout.batch import run_episodes, write_summary
-from obsspec.rollout.config import sampling
-from obsspec.rollout.metrics import export_chrome_trace
+from obsspec.rollout.config import make_gate, sampling
+from obsspec.rollout.metrics import export_chrome_trace, mean_interval, verdict
 from obsspec.rollout.trajectory import Trajectory
 from obsspec.tokens import ChatFormat
 from obsspec.worldmodel.adapters import resolve_adapter
@@ -76,40 +78,80 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
                    for section, p in (("policy", policy_path), ("world_model", wm_path))}, f, indent=2)
 
     settings = sampling(pol, cfg.seed)
-    modes = ["sequential", "speculative"] if mode == "both" else [mode]
-    results: dict[str, list[Trajectory]] = {}
+    runs: list[tuple[str, list[Trajectory]]] = []  # every pass, in the order run
     summaries: dict[str, dict] = {}
     try:
-        for m in modes:
+        for k, m in enumerate(passes(mode, cfg.pairs)):
+            first = not any(mode_ == m for mode_, _ in runs)
             predictor = None
             if m == "speculative":
-                if cfg.predictor == "world_model" and wm_engine is None:
+                if cfg.predictor in ("world_model", "tiered") and wm_engine is None:
                     wm_engine = world_model_engine(recipe, wm_path, tokenizer)
                     if adapter is not None:
                         await wm_engine.load_adapter(adapter.name, adapter.path)
-                # the oracle answers from the sequential run just made, or from the replayed one
-                source = results.get("sequential") or (recorded and [Trajectory.from_dict(r) for r in recorded]) \
-                    if cfg.predictor == "oracle" else None
+                # the oracle answers from the first sequential run, or from the replayed one
+                source = next((t for mode_, t in runs if mode_ == "sequential"), None) or \
+                    (recorded and [Trajectory.from_dict(r) for r in recorded]) if cfg.predictor == "oracle" else None
                 predictor = predictor_for(recipe, fmt, wm_engine, episodes, source, adapter.name if adapter else None)
+            # the first pass of each mode leaves the run's files; the later ones, their latencies
             batch = await run_episodes(
                 policy, fmt, episodes, tool_factory(recipe, recorded), settings, cap=recipe.sandbox.output_cap,
                 speculative=m == "speculative", predictor=predictor, depth=cfg.depth, busy_limit=cfg.busy_limit,
-                concurrency=cfg.concurrency, out_dir=out_dir, live=live, title=f"{m} rollout")
-            results[m] = batch.trajectories
-            summaries[m] = {**batch.metrics.summary(), "predictor": predictor.name if predictor else None}
+                gate=make_gate(cfg), concurrency=cfg.concurrency, out_dir=out_dir if first else "", live=live,
+                title=f"{m} rollout" + (f" ({k // 2 + 1} of {cfg.pairs} pairs)" if mode == "both" else ""))
+            runs.append((m, batch.trajectories))
+            if first:
+                summaries[m] = {**batch.metrics.summary(), "predictor": predictor.name if predictor else None}
     finally:
         policy.close()
         if wm_engine is not None:
             wm_engine.close()
+    modes = list(summaries)
     _merge_traces(out_dir, modes)
     summary = {"command": "rollout", "out_dir": out_dir, "episodes": len(episodes),
                "replay_of": replay_dir or None, "modes": summaries,
                "tool_latency": {"emulated": cfg.latency.kind != "none", "kind": cfg.latency.kind,
                                 "median_s": cfg.latency.median_s}}
     if len(modes) == 2:
-        summary["comparison"] = compare(results["sequential"], results["speculative"])
+        summary["comparison"] = compare_pairs(runs)
     write_summary(out_dir, summary)
     return summary
+
+
+def passes(mode: str, pairs: int) -> list[str]:
+    """The batches a rollout runs: one mode once, or `pairs` pairs alternating which goes first
+    (sequential, speculative, speculative, sequential, ...), so a drift of the machine over the
+    run (warm-up, a neighbour's load) falls on both modes alike."""
+    if mode != "both":
+        return [mode]
+    order = ("sequential", "speculative")
+    return [m for k in range(pairs) for m in (order if k % 2 == 0 else order[::-1])]
+
+
+def compare_pairs(runs: list[tuple[str, list[Trajectory]]]) -> dict:
+    """`compare` of the first pair, token identity over every pass, and the reduction of each
+    pair with its 95 % interval and a verdict ("not resolvable here" when it includes 0)."""
+    seqs = [t for m, t in runs if m == "sequential"]
+    specs = [t for m, t in runs if m == "speculative"]
+    out = compare(seqs[0], specs[0])
+    reductions, identical, differing = [], True, set()
+    for seq, spec in zip(seqs, specs):
+        pair = compare(seq, spec)
+        against_first = compare(seqs[0], spec)
+        identical &= pair["token_identical"] and against_first["token_identical"]
+        differing |= set(pair["episodes_differing"]) | set(against_first["episodes_differing"])
+        if pair["mean_latency_reduction"] is not None:
+            reductions.append(pair["mean_latency_reduction"])
+    out["token_identical"] = identical
+    out["episodes_differing"] = sorted(differing)
+    out["pairs"] = len(seqs)
+    if reductions:
+        interval = mean_interval(reductions)
+        out["mean_latency_reduction"] = interval["mean"]
+        out["reduction_ci95"] = interval["ci95"]
+        out["reduction_per_pair"] = interval["runs"]
+        out["verdict"] = verdict(interval)
+    return out
 
 
 def _recorded_models(recipe: Recipe, replay_dir: str) -> tuple[str, str] | None:

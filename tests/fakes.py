@@ -65,6 +65,7 @@ class ScriptedPolicy:
         self.requests: list[GenerationRequest] = []
         self.cancelled: set[str] = set()
         self.steps: dict[str, int] = {}
+        self.promoted: list[str] = []
 
     async def generate(self, request: GenerationRequest) -> Generation:
         self.requests.append(request)
@@ -94,6 +95,10 @@ class ScriptedPolicy:
 
     def cancel(self, request_id: str) -> bool:
         self.cancelled.add(request_id)
+        return True
+
+    def promote(self, request_id: str) -> bool:
+        self.promoted.append(request_id)
         return True
 
 

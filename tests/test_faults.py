@@ -21,7 +21,7 @@ from obsspec.engines.base import EngineClosedError, Generation, PromptTooLong
 from obsspec.env.sandbox import SandboxConfig, SandboxError
 from obsspec.env.task import Task
 from obsspec.rollout.events import EventBus
-from obsspec.rollout.predictors import Draft, WorldModelPredictor
+from obsspec.rollout.predictors import Base, Draft, WorldModelPredictor
 from obsspec.rollout.scheduler import Sampling, Scheduler
 from obsspec.rollout.tools import EmulatedLatency, SandboxTool, ToolResult
 from obsspec.tokens import ChatFormat
@@ -60,7 +60,7 @@ class FakeTool:
         self.closed += 1
 
 
-class Predictor:
+class Predictor(Base):
     """Drafts [wrong, right] (breadth 2) after `delay`; raises `error` when given."""
 
     name = "fake"

@@ -19,8 +19,9 @@ from obsspec.config import TasksConfig
 from obsspec.env.sandbox import SandboxConfig
 from obsspec.env.suite import generate_builtin
 from obsspec.rollout.events import EventBus
+from obsspec.rollout.gate import Gate
 from obsspec.rollout.metrics import SpecMetrics
-from obsspec.rollout.predictors import Corrupting, Delayed, Draft, Oracle, WithHistory, derive_seed
+from obsspec.rollout.predictors import Base, Corrupting, Delayed, Draft, Oracle, WithHistory, derive_seed
 from obsspec.rollout.scheduler import Sampling, Scheduler
 from obsspec.rollout.tools import EmulatedLatency, SandboxTool
 from obsspec.tokens import ChatFormat
@@ -54,17 +55,18 @@ class Recording:
 
 
 def run(task_list, speculative, predictor=None, group=1, executed=None, token_delay=0.0005, depth=1,
-        latency=LATENCY, busy_limit=0, concurrency=0, sched_out=None, policy_wrap=None):
+        latency=LATENCY, busy_limit=0, concurrency=0, sched_out=None, policy_wrap=None, gate=None,
+        commands=COMMANDS):
     tok = ByteTokenizer()
     fmt = ChatFormat(tok)
-    policy = ScriptedPolicy(tok, COMMANDS, token_delay=token_delay)
+    policy = ScriptedPolicy(tok, commands, token_delay=token_delay)
     bus = EventBus()
     rec = Recording()
     bus.subscribe(rec)
     if policy_wrap is not None:
         policy = policy_wrap(policy, bus)
     sched = Scheduler(policy, fmt, bus, SAMPLING, cap=SANDBOX.output_cap, predictor=predictor, depth=depth,
-                      busy_limit=busy_limit)
+                      busy_limit=busy_limit, gate=gate)
     if sched_out is not None:
         sched_out.append(sched)
     episodes = [t for t in task_list for _ in range(group)]
@@ -210,7 +212,7 @@ def test_one_episode_at_a_time_is_never_too_busy_to_speculate(baseline):
     assert rec.kinds()["spec_skipped"] == 0 and rec.kinds()["match"] > 0
 
 
-class WrongThenRight:
+class WrongThenRight(Base):
     """Breadth 2: a wrong draft first, the right one second."""
 
     name = "breadth2"
@@ -328,7 +330,7 @@ def test_event_times_say_when_things_happened(baseline):
     assert rec.kinds()["match"] > 0, "the oracle's drafts should have matched"
 
 
-class WrongWorldModel:
+class WrongWorldModel(Base):
     """A world model that always answers, always wrongly."""
 
     name = "world_model"
@@ -371,3 +373,80 @@ def test_metrics_of_two_processes_merge_into_those_of_all_episodes(baseline):
     halves[0].merge(halves[1])
     assert halves[0].summary() == whole.summary()
     assert whole.summary()["episodes"] == 8 and whole.summary()["spec/exact_frac"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The gate and sibling futures
+
+
+def test_the_gate_stops_speculating_on_drafts_that_never_match_and_changes_no_token(baseline):
+    ts, seq = baseline
+    few = ts[:6]
+    seq_few, _, _ = run(few, speculative=False, latency=SLOW_TOOL)
+    never = Corrupting(oracle_from(few, seq_few), every=1)
+    spec, rec, _ = run(few, speculative=True, predictor=never, latency=SLOW_TOOL, concurrency=1,
+                       gate=Gate(cost_share=0.25, prior_gen_s=0.05, prior_tool_s=0.6))
+    assert_lossless(seq_few, spec)
+    assert_accounted(rec)
+    gates = [e.data for e in rec.events if e.kind == "gate"]
+    verdicts = [e.data for e in rec.events if e.kind == "draft_verdict"]
+    assert len(gates) >= 12 and not any(v["hit"] for v in verdicts)
+    # once misses are known the expected gain is negative: the later half starts nothing
+    assert not any(g["go"] for g in gates[len(gates) // 2:]), [(g["p"], g["go"]) for g in gates]
+    assert rec.kinds()["spec_start"] < len(gates) // 2
+    # every draft was still compared: the estimate learnt from all of them
+    assert len(verdicts) == len(gates) and verdicts[-1]["p"] < 0.2
+
+
+def test_the_gate_lets_drafts_that_match_start_their_actions(baseline):
+    ts, seq = baseline
+    few = ts[:4]
+    seq_few, _, _ = run(few, speculative=False, latency=SLOW_TOOL)
+    spec, rec, _ = run(few, speculative=True, predictor=oracle_from(few, seq_few), latency=SLOW_TOOL,
+                       concurrency=1, gate=Gate(cost_share=0.25, prior_gen_s=0.05, prior_tool_s=0.6))
+    assert_lossless(seq_few, spec)
+    gates = [e.data for e in rec.events if e.kind == "gate"]
+    assert gates and all(g["go"] for g in gates)
+    assert rec.kinds()["match"] == len(gates)
+
+
+class EpisodeLatency:
+    """Episode 0's commands are fast, every other episode's slow (a sibling well ahead)."""
+
+    def sample(self, episode, turn):
+        return 0.02 if episode == 0 else 0.8
+
+
+def test_siblings_running_the_same_command_take_the_first_result_as_their_draft(baseline):
+    ts, _ = baseline
+    one = ts[:1]
+    seq, _, _ = run(one, speculative=False, group=3, latency=EpisodeLatency(), commands=["ls -la"])
+    predictor = WithHistory(NoWorldModel())
+    spec, rec, _ = run(one, speculative=True, predictor=predictor, group=3, latency=EpisodeLatency(),
+                       commands=["ls -la"])
+    assert_lossless(seq, spec)
+    assert_accounted(rec)
+    sibling = [e for e in rec.events if e.kind == "match" and e.data["source"] == "sibling"]
+    # turn 0: episodes 1 and 2 wait on episode 0's `ls`, which finishes first
+    assert {e.episode for e in sibling if e.turn == 0} == {1, 2}
+    assert not [e for e in rec.events if e.kind == "rollback"]
+
+
+def test_a_sibling_result_is_still_verified_against_the_episode_own_output(baseline):
+    """A sibling's result is only a draft: one that differs from the episode's own output (here
+    spoiled on purpose) is a rollback, never kept."""
+    ts, _ = baseline
+    one = ts[:1]
+    seq, _, _ = run(one, speculative=False, group=3, latency=EpisodeLatency(), commands=["ls -la"])
+    predictor = Corrupting(WithHistory(NoWorldModel()), every=1)
+    spec, rec, _ = run(one, speculative=True, predictor=predictor, group=3, latency=EpisodeLatency(),
+                       commands=["ls -la"])
+    assert_lossless(seq, spec)
+    assert rec.kinds()["rollback"] > 0 and rec.kinds()["match"] == 0
+
+
+class NoWorldModel(Base):
+    name = "none"
+
+    async def predict(self, request):
+        return []

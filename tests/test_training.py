@@ -16,7 +16,7 @@ from obsspec.config import ConfigError, load_recipe
 from obsspec.models import tiny
 from obsspec.models.config import TinyModelConfig
 from obsspec.models.tokenizer import train_tokenizer
-from obsspec.rollout.predictors import HistoryCache, PredictRequest, WithHistory
+from obsspec.rollout.predictors import Base, HistoryCache, PredictRequest, WithHistory
 from obsspec.rollout.trajectory import Trajectory, Turn
 from obsspec.tokens import ChatFormat
 from obsspec.training.config import TrainConfig
@@ -152,7 +152,7 @@ def test_trl_leaves_an_infra_failure_out_of_its_groups_baseline(fmt, tokenizer, 
 
 
 def test_history_cache_answers_first_and_its_state_round_trips():
-    class Never:
+    class Never(Base):
         name = "never"
         asked = 0
 

@@ -53,7 +53,7 @@ def mode_name(speculative: bool) -> str:
 
 
 async def run_episodes(policy, fmt, tasks: list[Task], make_tool, sampling: Sampling, *, cap: int,
-                       speculative: bool, predictor=None, depth: int = 1, busy_limit: int = 0,
+                       speculative: bool, predictor=None, depth: int = 1, busy_limit: int = 0, gate=None,
                        concurrency: int = 0, first_episode: int = 0, adapter: str | None = None,
                        out_dir: str = "", live: Live | None = None, title: str = "",
                        listeners: Iterable[Callable[[Event], None]] = ()) -> Batch:
@@ -71,12 +71,14 @@ async def run_episodes(policy, fmt, tasks: list[Task], make_tool, sampling: Samp
     for listener in listeners:
         bus.subscribe(listener)
     scheduler = Scheduler(policy, fmt, bus, sampling, cap=cap, predictor=predictor if speculative else None,
-                          depth=depth, adapter=adapter, busy_limit=busy_limit)
+                          depth=depth, adapter=adapter, busy_limit=busy_limit, gate=gate)
     if live is not None:
         live.start(metrics, len(tasks), title or f"{mode} rollout", speculative=speculative)
+    before = policy.scheduling_stats()
     try:
         trajectories = await scheduler.run_batch(tasks, make_tool, speculative=speculative,
                                                  concurrency=concurrency, first_episode=first_episode)
+        metrics.delay = policy.scheduling_stats() - before
     finally:
         if live is not None:
             live.stop()

@@ -102,18 +102,33 @@ class WorldModelConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     mode: str = doc("both", "sequential | speculative | both (same tasks and seeds, side by side).")
-    predictor: str = doc("world_model", "world_model | history | oracle | none.")
+    predictor: str = doc("tiered", "tiered (the history cache, then a sibling episode's result for the "
+                                   "same command, then the world model) | world_model | history | "
+                                   "oracle | none.")
     depth: int = doc(1, "Turns speculated ahead: a speculative action gets its own draft and "
                         "speculative next action, up to this many turns past the committed one.")
     breadth: int = doc(1, "Drafts per turn (world model: greedy + sampled).")
     split: str = doc("val", "Which split of the prepared suite to roll out on: train or val.")
     num_tasks: int = doc(8, "Tasks taken from the split, spread evenly over it (so over its families).")
     concurrency: int = doc(0, "Episodes running at once (0 = all).")
+    pairs: int = doc(3, "With mode both: sequential/speculative pairs of the same episodes, the order "
+                        "alternating (sequential first, then speculative first, ...), so that the "
+                        "machine's drift and warm-up cancel; the reduction is reported with a 95 % "
+                        "interval over the pairs, and as not resolvable when the interval includes 0.")
     busy_limit: int = doc(0, "Do not speculate on a command while this many committed policy "
                              "generations (or more) are in flight: a busy engine has no idle "
                              "compute for speculation, and world-model drafts would take compute "
                              "from committed work on a shared device. Timing only, never tokens; "
                              "0 = always speculate.")
+    gate: bool = doc(True, "Start a draft's speculative action only when its expected gain is "
+                           "positive: p(hit) x min(generation time, tool time left) > (1 - p) x "
+                           "generation time x gate_cost_share, with p calibrated online per draft "
+                           "source, command class and draft confidence (docs/ROLLOUT.md, \"The gate\"). "
+                           "Timing only, never tokens.")
+    gate_cost_share: float = doc(0.25, "The share of a wasted speculative generation's time assumed to "
+                                       "delay committed work (0: speculation is free, as with preemption "
+                                       "on a device of its own; 1: every wasted second is lost). The "
+                                       "rollout summary's committed_delay_frac is the engine's measured share.")
     tasks_dir: str = doc("", "A prepared suite; '' = RUN_DIR/tasks (prepared on first use).")
     kit_cache: str = doc(".cache/kit", "Where the tiny model kit is cached.")
     seed: int = doc(0, "Seed of the per-(episode, turn) sampling seeds.")
@@ -123,9 +138,11 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("sequential", "speculative", "both"):
             raise ValueError("rollout.mode must be sequential, speculative or both")
-        if self.predictor not in ("world_model", "history", "oracle", "none"):
-            raise ValueError("rollout.predictor must be world_model, history, oracle or none")
-        for name in ("depth", "breadth", "num_tasks"):
+        if self.predictor not in ("tiered", "world_model", "history", "oracle", "none"):
+            raise ValueError("rollout.predictor must be tiered, world_model, history, oracle or none")
+        if not 0 <= self.gate_cost_share <= 10:
+            raise ValueError(f"rollout.gate_cost_share must be between 0 and 10 (got {self.gate_cost_share})")
+        for name in ("depth", "breadth", "num_tasks", "pairs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1 (got {getattr(self, name)})")
         for name in ("concurrency", "busy_limit"):
@@ -133,6 +150,14 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name} must be >= 0 (0 = no limit; got {getattr(self, name)})")
         if self.split not in ("train", "val"):
             raise ValueError("rollout.split must be train or val")
+
+
+def make_gate(rollout: RolloutConfig):
+    """The recipe's speculation gate, its tool-time prior the emulated latency's median."""
+    from obsspec.rollout.gate import Gate
+
+    return Gate(enabled=rollout.gate, cost_share=rollout.gate_cost_share,
+                prior_tool_s=rollout.latency.median_s + 0.05)
 
 
 def sampling(policy: PolicyConfig, seed: int):

@@ -11,9 +11,9 @@ A draft that arrives while its command still runs is worth, in seconds of episod
 
 - p        the calibrated probability that the draft equals the real output token for token:
            a Beta estimate over this run's drafts of the same source, command class and
-           confidence bin, shrunk towards the class's rate, which is shrunk towards the draft's
-           own confidence (its sequence probability under the world model; instant sources
-           start from HIGH_PRIOR);
+           confidence bin, shrunk towards the class's rate, shrunk towards the source's rate,
+           shrunk towards the draft's own confidence (its sequence probability under the world
+           model; replayed observations start from HIGH_PRIOR);
 - G        the mean committed policy generation time so far: what a hit hides at most;
 - T_left   the tool's expected time left (mean tool time of the class so far, minus what
            has elapsed): a hit cannot hide more than the tool still takes;
@@ -96,6 +96,7 @@ class Gate:
             raise ValueError("gate: cost_share, prior_tool_s, prior_gen_s must be >= 0 and prior_strength > 0")
         self.enabled, self.cost_share, self.strength = enabled, cost_share, prior_strength
         self.prior_tool_s, self.prior_gen_s, self.min_samples = prior_tool_s, prior_gen_s, min_samples
+        self._source_rate: dict[str, _Rate] = defaultdict(_Rate)
         self._class_rate: dict[tuple[str, str], _Rate] = defaultdict(_Rate)
         self._bin_rate: dict[tuple[str, str, int], _Rate] = defaultdict(_Rate)
         self._tool: dict[str, _Mean] = defaultdict(_Mean)
@@ -106,7 +107,8 @@ class Gate:
     def p_hit(self, source: str, cls: str, confidence: float | None) -> float:
         prior = (HIGH_PRIOR if source != "world_model" else
                  DEFAULT_PRIOR if confidence is None else min(max(confidence, 0.0), 1.0))
-        p_class = self._class_rate[(source, cls)].mean(prior, self.strength)
+        p_source = self._source_rate[source].mean(prior, self.strength)
+        p_class = self._class_rate[(source, cls)].mean(p_source, self.strength)
         return self._bin_rate[(source, cls, confidence_bin(confidence))].mean(p_class, self.strength)
 
     def tool_s(self, cls: str) -> float:
@@ -131,7 +133,7 @@ class Gate:
 
     # -- what happened -----------------------------------------------------------------------------
     def observe_draft(self, decision: Decision, hit: bool) -> None:
-        for rate in (self._class_rate[(decision.source, decision.cls)],
+        for rate in (self._source_rate[decision.source], self._class_rate[(decision.source, decision.cls)],
                      self._bin_rate[(decision.source, decision.cls, confidence_bin(decision.confidence))]):
             rate.n += 1
             rate.hits += bool(hit)

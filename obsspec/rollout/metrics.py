@@ -5,15 +5,27 @@
 - spec/exact_frac               matches / predictions that arrived before the tool, counting
                                 an arrival whose drafts were all unusable as a miss (so a world
                                 model that never closes an observation shows 0 %, not "-")
-- spec/exact_frac_wm, spec/exact_frac_cache, spec/hits_wm, spec/hits_cache
+- spec/exact_frac_wm, spec/exact_frac_cache, spec/exact_frac_sibling, spec/hits_*
                                 the same split by who made the draft: the world model's own
-                                generations, or the history cache / oracle replay (instant; in
-                                training a GRPO group's members repeat each other's commands), so
-                                cache hits cannot hide a world model that predicts nothing
+                                generations, the history cache / oracle replay (instant; in
+                                training a GRPO group's members repeat each other's commands), or a
+                                sibling episode's result for the same command, so those hits
+                                cannot hide a world model that predicts nothing
+- committed_delay_frac          the engine's own account: time committed generations waited
+                                because speculative work held the engine / committed generation
+                                time (obsspec/engines/base.py SchedulingStats; None when the
+                                engine cannot measure it, e.g. a vLLM server)
 - spec/exec_won_frac            world-model requests the tool beat / world-model requests
 - spec/rollback_frac            rollbacks / predictions that arrived before the tool
-- spec/skipped_frac             commands not speculated on because the engine was busy
-                                (rollout.busy_limit) / commands that could have been
+- spec/skipped_frac             speculations skipped / speculations considered: commands not
+                                speculated on because the engine was busy (rollout.busy_limit),
+                                plus drafts the gate stopped (rollout.gate) over commands and
+                                drafts considered
+- spec/skip_reasons             skips by reason: busy (load), low_gain (expected gain <= 0),
+                                no_time (the tool was expected to be done)
+- spec/gate_passed              drafts whose speculative action the gate let start
+- calibration                   per predicted-hit-probability bin: [predicted mean, observed hit
+                                rate, drafts] of the drafts compared with the real output
 - spec/unusable_frac            arrivals with only unusable drafts / arrivals before the tool
 - spec/wm_sec_mean, tool_sec_mean, spec/wm_tool_ratio
                                 mean draft time (start -> drafts), mean tool time, their ratio
@@ -38,6 +50,35 @@ import statistics
 from collections import Counter
 
 from obsspec.rollout.events import Event
+from obsspec.rollout.gate import SKIP_REASONS
+
+
+# Two-sided 95 % Student t quantiles by degrees of freedom (n - 1); 1.96 beyond the table.
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
+       15: 2.13, 20: 2.09, 30: 2.04}
+
+
+def mean_interval(xs: list[float]) -> dict:
+    """Mean of repeated measurements with the half-width of its 95 % interval (None for one)."""
+    m = statistics.fmean(xs)
+    df = len(xs) - 1
+    t = T95.get(df) or next((v for k, v in sorted(T95.items()) if k >= df), 1.96)
+    half = t * statistics.stdev(xs) / len(xs) ** 0.5 if df >= 1 else None
+    return {"mean": m, "ci95": half, "runs": [round(x, 4) for x in xs]}
+
+
+def verdict(interval: dict) -> str:
+    """'gain' / 'loss' when the 95 % interval excludes 0, else 'not resolvable here'."""
+    if interval["ci95"] is None:
+        return "one pair: no interval (more pairs give one)"
+    if interval["mean"] - interval["ci95"] > 0:
+        return "gain"
+    if interval["mean"] + interval["ci95"] < 0:
+        return "loss"
+    return "not resolvable here"
+
+
+CALIBRATION_BINS = 5  # predicted-probability bins of the calibration table and plot
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -71,11 +112,16 @@ class SpecMetrics:
         self._spec_started: dict[str, tuple[float, int, int]] = {}
         self._spec_done: dict[str, float] = {}
         self.running: dict[int, dict] = {}    # episode -> {turn, phase} for live displays
+        self.skip_reasons = Counter()         # reason -> skips (busy before drafting, the gate's after)
+        self.gate_decisions = 0
+        self.gate_passed = 0
+        self.calibration = Counter()          # (bin, "n" | "hits" | "p") -> count or sum of p
+        self.delay = None                     # the policy engine's SchedulingStats over the batch
 
     def merge(self, other: "SpecMetrics") -> None:
         """Add another process's finished rollouts (episode numbers differ between processes)."""
         for name, mine in vars(self).items():
-            if name.startswith("_") or name == "running":
+            if name.startswith("_") or name in ("running", "delay"):
                 continue  # in-flight bookkeeping, empty once a batch is over
             theirs = getattr(other, name)
             if isinstance(mine, dict):   # Counters add; per-episode dicts are disjoint
@@ -121,6 +167,18 @@ class SpecMetrics:
             self.in_time_by_source[_source(d)] += 1
         elif e.kind == "rollback":
             self.in_time_by_source[_source(d)] += 1
+        elif e.kind == "spec_skipped":
+            self.skip_reasons[d.get("reason", "busy")] += 1
+        elif e.kind == "gate":
+            self.gate_decisions += 1
+            self.gate_passed += bool(d["go"])
+            if not d["go"]:
+                self.skip_reasons[d["reason"]] += 1
+        elif e.kind == "draft_verdict":
+            b = min(int(d["p"] * CALIBRATION_BINS), CALIBRATION_BINS - 1)
+            self.calibration[(b, "n")] += 1
+            self.calibration[(b, "hits")] += bool(d["hit"])
+            self.calibration[(b, "p")] += d["p"]
         elif e.kind == "request_end":
             self.outcomes[(d["role"], d["outcome"])] += 1
             if d["role"] == "policy" and d["outcome"] == "cancelled":
@@ -141,9 +199,15 @@ class SpecMetrics:
     def drafts_in_time(self) -> int:
         return self.counts["match"] + self.counts["rollback"] + self.arrived_unusable
 
+    def calibration_table(self) -> list[list]:
+        """[predicted mean, observed hit rate, drafts] per non-empty bin of predicted probability."""
+        c = self.calibration
+        return [[c[(b, "p")] / c[(b, "n")], c[(b, "hits")] / c[(b, "n")], c[(b, "n")]]
+                for b in range(CALIBRATION_BINS) if c[(b, "n")]]
+
     def _by_source(self) -> dict:
         out = {}
-        for key, sources in (("wm", ("world_model",)), ("cache", ("history", "oracle"))):
+        for key, sources in (("wm", ("world_model",)), ("cache", ("history", "oracle")), ("sibling", ("sibling",))):
             hits = sum(self.matches_by_source[s] for s in sources)
             in_time = sum(self.in_time_by_source[s] for s in sources)
             out[f"spec/exact_frac_{key}"] = hits / in_time if in_time else None
@@ -168,8 +232,13 @@ class SpecMetrics:
             **self._by_source(),
             "spec/exec_won_frac": c["exec_won"] / wm if wm else None,
             "spec/rollback_frac": c["rollback"] / in_time if in_time else None,
-            "spec/skipped_frac": (c["spec_skipped"] / (c["spec_skipped"] + wm)
-                                  if c["spec_skipped"] + wm else None),
+            "spec/skipped_frac": (sum(self.skip_reasons.values()) / (c["spec_skipped"] + self.gate_decisions)
+                                  if c["spec_skipped"] + self.gate_decisions else None),
+            "spec/skip_reasons": dict(sorted(self.skip_reasons.items())),
+            **{f"spec/skipped_{r}": self.skip_reasons[r] for r in SKIP_REASONS},
+            "spec/gate_passed": self.gate_passed,
+            "calibration": self.calibration_table(),
+            "committed_delay_frac": self.delay.delay_frac if self.delay is not None else None,
             "spec/unusable_frac": self.arrived_unusable / in_time if in_time else None,
             "spec/no_draft": max(0, c["wm_draft"] - in_time),
             "spec/wm_sec_mean": wm_mean, "tool_sec_mean": tool_mean,
@@ -183,6 +252,15 @@ class SpecMetrics:
             "spec/wm_drafts_unusable": self.wm_drafts_unusable,
             "spec/requests": {f"{role}/{outcome}": n for (role, outcome), n in sorted(self.outcomes.items())},
         }
+
+
+def skips_phrase(summary: dict) -> str:
+    """'skipped 34% (busy 5, low_gain 12)' for live lines, '' when nothing was skipped."""
+    reasons = summary.get("spec/skip_reasons") or {}
+    if not summary.get("spec/skipped_frac"):
+        return ""
+    parts = ", ".join(f"{r} {n}" for r, n in reasons.items() if n)
+    return f"skipped {100 * summary['spec/skipped_frac']:.0f}% ({parts})"
 
 
 def _source(data: dict) -> str:

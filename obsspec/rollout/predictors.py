@@ -9,10 +9,14 @@ compared, so a predictor can never smuggle in token ids that a real observation 
 - `HistoryCache`         exact observations seen before for the same task and the same committed
                          command history (GRPO group members share prefixes). Instant; still
                          verified against the real tool like any draft.
+- `Siblings`             sibling futures: when another episode is running the same command on the
+                         same task and history (a GRPO group issuing the same command), the first
+                         real result to arrive is the draft (tool latencies vary, so the fastest
+                         sibling is often well ahead).
 - `Oracle`               replays recorded observations (the upper bound on hit rate).
-- `WithHistory`          a history cache in front of another predictor (training: the cache
-                         answers what a group member or an earlier epoch already saw, the world
-                         model the rest); its contents can be saved and restored.
+- `WithHistory`          the tiered predictor: the history cache, then sibling futures, then
+                         another predictor (the world model) for the rest; the cache's contents
+                         can be saved and restored (training checkpoints).
 - `NoPredictor`          never predicts (speculative mode then behaves sequentially).
 Test and benchmark wrappers: `Corrupting` (spoils drafts: forced rollbacks), `Delayed` (slower
 than the tool: forced exec_won).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -47,9 +52,13 @@ class PredictRequest:
 class Draft:
     body: str | None  # None: the generation never closed the observation (unusable, counted)
     tokens: int = 0   # world-model tokens it took (0 for instant predictors)
-    # who made it: "world_model", "history" (a group member or an earlier step saw it) or
-    # "oracle"; metrics keep the world model's own hit rate apart from the cache's
+    # who made it: "world_model", "history" (a group member or an earlier step saw it),
+    # "sibling" (a group member running the same command finished first) or "oracle"; metrics
+    # keep the world model's own hit rate apart from the others'
     source: str = "world_model"
+    # the world model's probability of its own draft (exp of the summed token logprobs), for
+    # the gate's calibration; None for replayed observations
+    confidence: float | None = None
 
 
 class Predictor(Protocol):
@@ -57,18 +66,30 @@ class Predictor(Protocol):
 
     async def predict(self, request: PredictRequest) -> list[Draft]: ...
 
+    def started(self, request: PredictRequest) -> None:
+        """Told when a command starts running in the tool (whether or not it is predicted)."""
+
     def learn(self, request: PredictRequest, body: str) -> None:
         """Told the real observation body after every executed command."""
 
 
-class NoPredictor:
+class Base:
+    """What a predictor that ignores `started` and `learn` inherits."""
+
+    name = "base"
+
+    def started(self, request: PredictRequest) -> None:
+        pass
+
+    def learn(self, request: PredictRequest, body: str) -> None:
+        pass
+
+
+class NoPredictor(Base):
     name = "none"
 
     async def predict(self, request: PredictRequest) -> list[Draft]:
         return []
-
-    def learn(self, request: PredictRequest, body: str) -> None:
-        pass
 
 
 def history_key(commands: Sequence[str]) -> str:
@@ -79,7 +100,7 @@ def history_key(commands: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-class HistoryCache:
+class HistoryCache(Base):
     """Observations by (task, command history), least recently used first out past `max_chars`
     characters of observations: the policy decides how long and how many they are, and the
     cache lives through a whole training run and into every checkpoint."""
@@ -136,11 +157,56 @@ class Oracle(HistoryCache):
         pass  # an oracle only knows what was recorded
 
 
-class WithHistory:
-    """Answer from the history cache when it has the observation, else ask `inner`."""
+class Siblings(Base):
+    """Sibling futures: the real result of the same command on the same task and history, from
+    whichever other episode running it finishes first. `predict` waits for it (until the
+    episode's own tool wins and cancels the wait); it costs no compute meanwhile."""
 
-    def __init__(self, inner: Predictor):
+    name = "sibling"
+    MAX_OPEN = 100_000  # keys of commands still running (a failed episode never resolves its own)
+
+    def __init__(self) -> None:
+        # key -> (the first result's future, the episodes running that command)
+        self._open: OrderedDict[tuple[str, str], tuple[asyncio.Future, set[int]]] = OrderedDict()
+
+    @staticmethod
+    def _key(request: PredictRequest) -> tuple[str, str]:
+        return request.task_key, history_key(request.commands)
+
+    def started(self, request: PredictRequest) -> None:
+        key = self._key(request)
+        if key not in self._open:
+            self._open[key] = (asyncio.get_running_loop().create_future(), set())
+            while len(self._open) > self.MAX_OPEN:
+                future, _ = self._open.popitem(last=False)[1]
+                future.cancel()
+        self._open[key][1].add(request.episode)
+
+    async def predict(self, request: PredictRequest) -> list[Draft]:
+        if self._key(request) not in self._open:
+            self.started(request)
+        future = self._open[self._key(request)][0]
+        try:
+            # shielded: cancelling this prediction (our own tool won) leaves the future to the others
+            return [Draft(await asyncio.shield(future), source=self.name)]
+        except asyncio.CancelledError:
+            if future.cancelled():  # dropped past MAX_OPEN, not us being cancelled
+                return []
+            raise
+
+    def learn(self, request: PredictRequest, body: str) -> None:
+        entry = self._open.pop(self._key(request), None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_result(body)
+
+
+class WithHistory:
+    """The tiered predictor: the history cache when it has the observation, else a sibling's
+    result when another episode is running the same command, else `inner`."""
+
+    def __init__(self, inner: Predictor, siblings: bool = True):
         self.inner, self.cache = inner, HistoryCache()
+        self.siblings = Siblings() if siblings else None
         self.name = f"history+{inner.name}"
         self.lookups = self.hits = 0
 
@@ -150,15 +216,39 @@ class WithHistory:
         if drafts:
             self.hits += 1
             return drafts
-        return await self.inner.predict(request)
+        if self.siblings is None:
+            return await self.inner.predict(request)
+        # the inner predictor's drafts and a sibling's result race; the first answer wins (a
+        # sibling's result cancels the world model's generation), no draft keeps waiting
+        sibling = asyncio.ensure_future(self.siblings.predict(request))
+        inner = asyncio.ensure_future(self.inner.predict(request))
+        try:
+            pending = {sibling, inner}
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in (sibling, inner):
+                    if task in done and task.result():
+                        return task.result()
+            return []
+        finally:
+            for task in (sibling, inner):
+                task.cancel()
+            await asyncio.wait({sibling, inner})
+
+    def started(self, request: PredictRequest) -> None:
+        if self.siblings is not None:
+            self.siblings.started(request)
+        self.inner.started(request)
 
     def learn(self, request: PredictRequest, body: str) -> None:
         self.cache.learn(request, body)
+        if self.siblings is not None:
+            self.siblings.learn(request, body)
         self.inner.learn(request, body)
 
 
 
-class WorldModelPredictor:
+class WorldModelPredictor(Base):
     """`snapshots` (obsspec/worldmodel/snapshot.py `WorkspaceSnapshots`, or None): put the task's
     workspace snapshot ahead of the context (`wm_context`), as training rows have it."""
 
@@ -202,7 +292,8 @@ class WorldModelPredictor:
         generations = [t.result() for t in tasks]
         # A generation that never closed the observation (hit max_tokens, or stopped on a bare
         # closing tag) cannot match anything: it comes back with body None, to be counted.
-        return [Draft(chat.split_draft(self.fmt.decode(g.token_ids)), len(g.token_ids)) for g in generations]
+        return [Draft(chat.split_draft(self.fmt.decode(g.token_ids)), len(g.token_ids),
+                      confidence=math.exp(sum(g.logprobs))) for g in generations]
 
     def learn(self, request: PredictRequest, body: str) -> None:
         # co-training happens between policy updates, not here; it needs the tasks' snapshots
@@ -210,7 +301,7 @@ class WorldModelPredictor:
             self.snapshots.remember(request.task)
 
 
-class Corrupting:
+class Corrupting(Base):
     """Spoils every `every`-th draft (by turn) with one extra byte: a guaranteed rollback."""
 
     def __init__(self, inner: Predictor, every: int = 1):
@@ -220,15 +311,18 @@ class Corrupting:
     async def predict(self, request: PredictRequest) -> list[Draft]:
         drafts = await self.inner.predict(request)
         if (request.turn + request.episode) % self.every == 0:
-            drafts = [Draft(d.body and d.body.replace("(exit_code=", " (exit_code=", 1), d.tokens, d.source)
-                      for d in drafts]
+            drafts = [Draft(d.body and d.body.replace("(exit_code=", " (exit_code=", 1), d.tokens, d.source,
+                            d.confidence) for d in drafts]
         return drafts
+
+    def started(self, request: PredictRequest) -> None:
+        self.inner.started(request)
 
     def learn(self, request: PredictRequest, body: str) -> None:
         self.inner.learn(request, body)
 
 
-class Delayed:
+class Delayed(Base):
     """Adds a fixed delay before the inner predictor answers (slower than the tool: exec_won)."""
 
     def __init__(self, inner: Predictor, delay_s: float):
@@ -238,6 +332,9 @@ class Delayed:
     async def predict(self, request: PredictRequest) -> list[Draft]:
         await asyncio.sleep(self.delay_s)
         return await self.inner.predict(request)
+
+    def started(self, request: PredictRequest) -> None:
+        self.inner.started(request)
 
     def learn(self, request: PredictRequest, body: str) -> None:
         self.inner.learn(request, body)

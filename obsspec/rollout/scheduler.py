@@ -14,11 +14,14 @@ tool finishes, the real observation's body token ids are compared with each draf
 Speculative actions are never executed: only committed actions reach the tool. Every speculative
 request ends in a `request_end` event: committed, cancelled (with a reason) or failed.
 
-Load: speculation only pays for itself in compute the committed work leaves idle. With
-`busy_limit` N > 0, a command is not speculated on (`spec_skipped`) while N or more committed
-policy generations are in flight: a saturated engine would run the speculative action only
-after the tool anyway, and the world model's drafts would take compute from committed work when
-the two share a device. Skipping changes timing only, never tokens.
+Load and gain: speculation only pays for itself in compute the committed work leaves idle. With
+`busy_limit` N > 0, a command is not speculated on (`spec_skipped`, reason `busy`) while N or
+more committed policy generations are in flight: a saturated engine would run the speculative
+action only after the tool anyway, and the world model's drafts would take compute from
+committed work when the two share a device. Then each draft passes the gate
+(obsspec/rollout/gate.py): its speculative action starts only when the expected gain is
+positive (`gate` events carry every decision; a skipped draft is still compared with the real
+observation, so the hit-rate estimates keep learning). Skipping changes timing only, never tokens.
 
 Breadth k = the predictor's number of drafts. Depth d: a speculative action that is a `bash`
 call is itself given a draft observation and a speculative next action, up to d turns ahead of
@@ -43,10 +46,12 @@ import itertools
 from dataclasses import dataclass
 
 from obsspec import chat
+from obsspec.commands import program_class
 from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest
 from obsspec.env.sandbox import SandboxError
 from obsspec.env.task import Task
 from obsspec.rollout.events import EventBus
+from obsspec.rollout.gate import Decision, Gate
 from obsspec.rollout.predictors import Draft, Predictor, PredictRequest, derive_seed
 from obsspec.rollout.scope import EpisodeScope, run_to_the_end
 from obsspec.rollout.tools import ReplayDiverged, Tool
@@ -78,7 +83,8 @@ class _Speculation:
     body_ids: list[int]                 # the draft's observation body, encoded as a real one
     episode: int
     turn: int                           # the turn of the speculative action
-    request_id: str = ""                # "" when no action is generated (last turn, no budget)
+    decision: Decision | None = None    # the gate's, for its calibration once the tool is done
+    request_id: str = ""                # "" when no action is generated (last turn, no budget, gated)
     task: asyncio.Task | None = None    # -> Generation
     deeper: asyncio.Task | None = None  # -> list[_Speculation] for the next turn (depth > 1)
     scope: EpisodeScope | None = None   # the episode that owns it
@@ -87,7 +93,7 @@ class _Speculation:
 class Scheduler:
     def __init__(self, policy, fmt, bus: EventBus, sampling: Sampling, cap: int,
                  predictor: Predictor | None = None, depth: int = 1, adapter: str | None = None,
-                 busy_limit: int = 0):
+                 busy_limit: int = 0, gate: Gate | None = None):
         if depth < 1 or busy_limit < 0:
             raise ValueError("speculation depth must be >= 1 and busy_limit >= 0")
         self.policy, self.fmt, self.bus, self.sampling = policy, fmt, bus, sampling
@@ -95,6 +101,7 @@ class Scheduler:
         self.adapter = adapter  # the policy's LoRA version on its engine (None: the model as served)
         self.busy_limit = busy_limit  # 0: always speculate
         self.busy = 0  # committed policy generations in flight, over all episodes
+        self.gate = gate or Gate(enabled=False)  # (disabled, it still keeps the estimates)
         self._wm_ids = itertools.count()
 
     # -- one episode ------------------------------------------------------------------------------
@@ -138,10 +145,14 @@ class Scheduler:
                                          tuple(fmt.wm_prompt_ids(traj.ids)), task)
                 eligible = speculative and self.predictor is not None
                 skip = eligible and carried is None and 0 < self.busy_limit <= self.busy
+                if eligible:
+                    self.predictor.started(request)
                 if skip:
-                    self.bus.emit("spec_skipped", episode, turn, busy=self.busy)
+                    self.bus.emit("spec_skipped", episode, turn, reason="busy", busy=self.busy)
                 if eligible and not skip:
-                    branch = carried or scope.spawn(self._branch(list(traj.ids), request, self.depth, scope))
+                    started = self.bus.now()
+                    branch = carried or scope.spawn(self._branch(list(traj.ids), request, self.depth, scope,
+                                                                 started))
                     carried = None
                     result, pending, outcome = await self._speculate(scope, branch, tool, action, episode, turn)
                 else:
@@ -215,18 +226,23 @@ class Scheduler:
         request = request or self._request(prompt_ids, episode, turn)
         self.bus.emit("policy_start", episode, turn, request_id=request.request_id, speculative=speculative)
         self.busy += not speculative
+        t0 = self.bus.now()
         try:
             gen = await self.policy.generate(request)
         finally:
             self.busy -= not speculative
+        if not speculative:
+            self.gate.observe_generation(self.bus.now() - t0)
         self.bus.emit("policy_done", episode, turn, request_id=request.request_id,
                       tokens=len(gen.token_ids), speculative=speculative)
         return gen
 
     async def _execute(self, tool: Tool, action: chat.Action, episode: int, turn: int):
         self.bus.emit("exec_start", episode, turn, command=action.command)
+        t0 = self.bus.now()
         # the tool call's own timeout reaches the sandbox (which clamps it to its limit)
         result = await tool.run(action.command, turn, timeout=action.timeout)
+        self.gate.observe_tool(program_class(action.command), self.bus.now() - t0)
         self.bus.emit("exec_done", episode, turn, seconds=result.seconds, exit_code=result.exit_code)
         return result
 
@@ -259,14 +275,18 @@ class Scheduler:
             return result, None, outcome
         matched = next((sp for sp in specs if self.fmt.is_hit(sp.body_ids, result.body)), None)
         for spec in specs:
+            if spec.decision is not None:  # every draft compared teaches the gate
+                self.gate.observe_draft(spec.decision, spec is matched)
+                self.bus.emit("draft_verdict", episode, turn, p=round(spec.decision.p, 4), hit=spec is matched,
+                              source=spec.decision.source, cls=spec.decision.cls)
+        for spec in specs:
             if spec is not matched:
                 await self._cancel(spec, "rollback" if matched is None else "other_draft")
         if matched is None:
             self.bus.emit("rollback", episode, turn, drafts=len(specs), source=specs[0].draft.source)
             return result, None, "rollback"
-        promote = getattr(self.policy, "promote", None)
-        if matched.task is not None and promote is not None:
-            promote(matched.request_id)  # it is committed work now
+        if matched.task is not None:
+            self.policy.promote(matched.request_id)  # it is committed work now
         if matched.task is not None and not matched.task.done():
             self.busy += 1
             matched.task.add_done_callback(self._idle_one)
@@ -279,9 +299,10 @@ class Scheduler:
         self.busy -= 1
 
     async def _branch(self, prefix_ids: list[int], request: PredictRequest, depth: int,
-                      scope: EpisodeScope | None = None) -> list[_Speculation]:
-        """Ask the predictor for turn `request.turn`'s observation; on each distinct draft start the
-        speculative action of the next turn (and, with depth left, speculate beyond it). The
+                      scope: EpisodeScope | None = None, started: float | None = None) -> list[_Speculation]:
+        """Ask the predictor for turn `request.turn`'s observation; on each distinct draft the gate
+        passes, start the speculative action of the next turn (and, with depth left, speculate
+        beyond it). `started`: when the command began (None: it has not, at depth > 1). The
         speculations belong to `scope` (the episode's; a test may leave it to a fresh one)."""
         scope = scope or EpisodeScope(max_turns=self.sampling.max_turns)
         episode, turn = request.episode, request.turn
@@ -307,10 +328,16 @@ class Scheduler:
                       unusable=sum(1 for d in raw if d.body is None), source=raw[0].source if raw else "")
         self._end(wm_id, "wm", "committed", episode, turn, tokens=tokens)
         specs = []
+        cls = program_class(request.commands[-1])
+        elapsed = self.bus.now() - started if started is not None else 0.0
         for k, (draft, ids, body) in enumerate(drafts):
-            spec = _Speculation(draft, ids[body], episode, turn + 1, scope=scope)
+            decision = self.gate.decide(source=draft.source, cls=cls, confidence=draft.confidence,
+                                        elapsed_s=elapsed)
+            self.bus.emit("gate", episode, turn, go=decision.go, reason=decision.reason, p=round(decision.p, 4),
+                          gain_s=round(decision.gain_s, 4), source=draft.source, cls=cls)
+            spec = _Speculation(draft, ids[body], episode, turn + 1, decision, scope=scope)
             prompt = list(prefix_ids) + ids
-            if turn + 1 < scope.max_turns and self._budget(len(prompt)) > 0:
+            if decision.go and turn + 1 < scope.max_turns and self._budget(len(prompt)) > 0:
                 # Low priority: speculation only uses compute that committed work leaves idle.
                 req = self._request(prompt, episode, turn + 1, priority=1)
                 self.bus.emit("spec_start", episode, turn + 1, request_id=req.request_id, draft=k)
@@ -401,7 +428,7 @@ class Scheduler:
             body, ids, span = self.fmt.draft_observation_ids(d.body, self.cap)
             if tuple(ids[span]) not in seen:
                 seen.add(tuple(ids[span]))
-                out.append((Draft(body, d.tokens, d.source), ids, span))
+                out.append((Draft(body, d.tokens, d.source, d.confidence), ids, span))
         return out
 
     # -- a batch ------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ class RolloutSettings:
     make_tool: object              # (task, episode) -> Tool
     concurrency: int = 0
     busy_limit: int = 0            # rollout.busy_limit
+    gate: object = None            # the speculation gate (rollout/gate.py), its estimates kept over steps
 
 
 @dataclass
@@ -149,7 +150,7 @@ class Rollouts:
         cache_before = (getattr(self.predictor, "lookups", 0), getattr(self.predictor, "hits", 0))
         batch = asyncio.run(run_episodes(
             self.policy, self.fmt, tasks, s.make_tool, s.sampling, cap=s.cap, speculative=s.speculative,
-            predictor=self.predictor, depth=s.depth, busy_limit=s.busy_limit, concurrency=s.concurrency,
+            predictor=self.predictor, depth=s.depth, busy_limit=s.busy_limit, gate=s.gate, concurrency=s.concurrency,
             first_episode=first_episode, adapter=self.policy_adapter, out_dir=out, live=self.live,
             title=label or f"step {step} rollouts"))
         trajectories = batch.trajectories

@@ -28,9 +28,9 @@ from transformers import TrainerCallback
 from obsspec.config import Recipe
 from obsspec.jsonl import read_jsonl
 from obsspec.env.suite import interleave, load_tasks, spread
-from obsspec.rollout.config import sampling
+from obsspec.rollout.config import make_gate, sampling
 from obsspec.rollout.predictors import WithHistory
-from obsspec.rollout.metrics import mean_of, pooled_success
+from obsspec.rollout.metrics import mean_of, pooled_success, skips_phrase
 from obsspec.training.config import TrainError
 from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics
 
@@ -76,7 +76,8 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
         sampling=sampling(recipe.policy, t.seed), cap=recipe.sandbox.output_cap,
         speculative=speculative, depth=recipe.rollout.depth, episodes_per_step=t.episodes_per_step,
         make_tool=tool_factory(recipe, None),
-        concurrency=recipe.rollout.concurrency, busy_limit=recipe.rollout.busy_limit)
+        concurrency=recipe.rollout.concurrency, busy_limit=recipe.rollout.busy_limit,
+        gate=make_gate(recipe.rollout))
     by_id = {task.task_id: task for task in train}
     rollouts = Rollouts(by_id, settings, policy_engine, fmt, predictor, out_dir,
                         rank=state.process_index, live=live)
@@ -258,7 +259,7 @@ def _step_line(row: dict, steps: int) -> str:
         v = row.get(k)
         return "-" if v is None else f"{100 * v:.0f}%"
 
-    busy = f", busy, not speculated {pct('spec/skipped_frac')}" if row.get("spec/skipped_frac") else ""
+    busy = f", {skips_phrase(row)}" if row.get("spec/skipped_frac") else ""
     return (f"step {row['step']}/{steps}: reward {row.get('reward', 0):.3f}, success {pct('success_frac')}, "
             f"hit rate {pct('spec/exact_frac')} (world model {pct('spec/exact_frac_wm')}, cache "
             f"{pct('spec/exact_frac_cache')}){busy}, hidden ~{row.get('latency_saved_sec', 0):.1f}s "

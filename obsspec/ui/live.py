@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from obsspec.rollout.metrics import SpecMetrics
+from obsspec.rollout.metrics import SpecMetrics, skips_phrase
 
 
 def _fmt(v, pct=False) -> str:
@@ -63,7 +63,7 @@ class RichLive:
         if not self.speculative:
             return Group(table, Text(latency))
         # Short lines of whole phrases: one long row wrapped mid-phrase on a 150-column terminal.
-        busy = f"  busy, not speculated {_fmt(s['spec/skipped_frac'], True)}" if s.get("spec/skipped_frac") else ""
+        busy = f"  {skips_phrase(s)}" if s.get("spec/skipped_frac") else ""
         return Group(table, Text(
             f"hit rate {_fmt(s.get('spec/exact_frac'), True)} (world model {_fmt(s.get('spec/exact_frac_wm'), True)})"
             f"  exec_won {_fmt(s.get('spec/exec_won_frac'), True)}  rollbacks {_fmt(s.get('spec/rollback_frac'), True)}"
@@ -102,7 +102,7 @@ class PlainLive:
         s = self.metrics.summary()
         line = f"{self.title}: {s['episodes']}/{self.total} episodes"
         if self.speculative:
-            busy = f"busy, not speculated {_fmt(s['spec/skipped_frac'], True)}, " if s["spec/skipped_frac"] else ""
+            busy = f"{skips_phrase(s)}, " if s["spec/skipped_frac"] else ""
             line += (f", hit rate {_fmt(s['spec/exact_frac'], True)} (world model {_fmt(s['spec/exact_frac_wm'], True)}), "
                      f"exec_won {_fmt(s['spec/exec_won_frac'], True)}, rollbacks {_fmt(s['spec/rollback_frac'], True)}, "
                      f"{busy}hidden ~{s['latency_saved_sec']:.1f}s (est. {_fmt(s['latency_saved_frac'], True)} of rollout time)")

@@ -23,9 +23,14 @@ ROWS = [  # (label, key, as percentage)
     ("hit rate (spec/exact_frac)", "spec/exact_frac", True),
     ("  world model's own drafts", "spec/exact_frac_wm", True),
     ("  history cache / replay", "spec/exact_frac_cache", True),
+    ("  sibling episodes' results", "spec/exact_frac_sibling", True),
     ("exec_won", "spec/exec_won_frac", True),
     ("rollbacks", "spec/rollback_frac", True),
-    ("not speculated: engine busy", "spec/skipped_frac", True),
+    ("speculation skipped", "spec/skipped_frac", True),
+    ("  engine busy (commands)", "spec/skipped_busy", False),
+    ("  gate: expected gain <= 0 (drafts)", "spec/skipped_low_gain", False),
+    ("  gate: tool expected done (drafts)", "spec/skipped_no_time", False),
+    ("committed work delayed by speculation", "committed_delay_frac", True),
     ("arrived, all drafts unusable", "spec/unusable_frac", True),
     ("drafts unusable (never closed)", "spec/wm_drafts_unusable", False),
     ("draft time, mean (s)", "spec/wm_sec_mean", False),
@@ -58,13 +63,24 @@ def print_rollout_table(summary: dict) -> None:
     console.print(table)
     comp = summary.get("comparison")
     if comp:
-        console.print(f"mean latency reduction: {cell(comp['mean_latency_reduction'], True)} "
-                      f"(over {comp['episodes_compared_for_latency']} token-identical episodes); "
-                      f"token-identical: {cell(comp['token_identical'])}")
+        console.print(headline(comp) + f"; token-identical: {cell(comp['token_identical'])}")
         if comp["episodes_differing"]:
             console.print(f"episodes differing first in a tool observation (the tool printed something "
                           f"else): {comp['differing_first_in_observation']}; first in a policy action: "
                           f"{comp['differing_first_in_action']}")
+
+
+def headline(comp: dict) -> str:
+    """The measured reduction as a user should read it: per pair, its interval, and whether the
+    interval excludes 0 (rollout.pairs alternating pairs)."""
+    mean, half = comp.get("mean_latency_reduction"), comp.get("reduction_ci95")
+    text = f"mean latency reduction: {cell(mean, True)}"
+    if half is not None:
+        text += f" ± {100 * half:.1f} (95 % interval over {comp['pairs']} alternating pairs: " \
+                f"{', '.join(f'{100 * r:+.1f}%' for r in comp['reduction_per_pair'])})"
+    if comp.get("verdict"):
+        text += f": {comp['verdict']}"
+    return text + f" (over {comp['episodes_compared_for_latency']} token-identical episodes)"
 
 
 def _few(by_kind: dict, most: int = 10) -> dict:

@@ -4,7 +4,8 @@
         [--latencies 0.3,1,3] [--predictors world_model,history,oracle] [--reps 3] [--warmup 1]
         [--threads 0]
         [--plot out.png] [--out result.json] [key=value ...]
-    A predictor name may carry an option: world_model:busy2 runs with rollout.busy_limit=2.
+    A predictor name may carry options: world_model:busy2 runs with rollout.busy_limit=2,
+    oracle:nogate with the speculation gate off (rollout.gate=false).
 
 For each EMULATED tool latency median (log-normal, on top of the real sandbox time) and each
 repetition it runs the same episodes (tasks x seeds) as: sequential, every predictor's
@@ -36,16 +37,13 @@ from collections import defaultdict
 
 from obsspec.config import load_recipe
 from obsspec.rollout.predictors import Corrupting
-from obsspec.rollout.config import sampling as make_sampling
+from obsspec.rollout.config import make_gate, sampling as make_sampling
+from obsspec.rollout.metrics import mean_interval as mean_ci
 from obsspec.build import make_engine, model_paths, predictor_for, tool_factory
 from obsspec.rollout.batch import run_episodes
 from obsspec.rollout_run import compare, episode_tasks
 from obsspec.tokens import ChatFormat
 from obsspec.progress import PlainDisplay
-
-# Two-sided 95 % Student t quantiles by degrees of freedom (n - 1).
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-
 
 class Timings:
     """Per-(episode, turn) tool time, generation time and world-model time, from events."""
@@ -121,12 +119,6 @@ def workload_shape(trajs, keep: set[int]) -> dict:
             "prompt_tokens_first": statistics.fmean(t.prompt_len for t in trajs if t.episode in keep) if keep else 0.0}
 
 
-def mean_ci(xs: list[float]) -> dict:
-    m = statistics.fmean(xs)
-    half = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
-    return {"mean": m, "ci95": half, "runs": [round(x, 4) for x in xs]}
-
-
 class Bench:
     def __init__(self, args):
         self.args = args
@@ -144,7 +136,7 @@ class Bench:
         self.policy, tokenizer = make_engine(base.policy, policy_path)
         self.fmt = ChatFormat(tokenizer)
         self.wm_engine = None
-        if any(split_name(n)[0] == "world_model" for n in self.args.predictors):
+        if any(split_name(n)[0] in ("world_model", "tiered") for n in self.args.predictors):
             self.wm_engine, _ = make_engine(base.world_model, wm_path, **base.world_model.hf_options)
         p = base.policy
         self.sampling = make_sampling(p, base.rollout.seed)
@@ -155,13 +147,15 @@ class Bench:
         if self.wm_engine is not None:
             self.wm_engine.close()
 
-    async def run(self, recipe, predictor=None, busy_limit: int | None = None):
+    async def run(self, recipe, predictor=None, busy_limit: int | None = None, gate: bool = True):
         timings = Timings()
         busy = recipe.rollout.busy_limit if busy_limit is None else busy_limit
+        gating = make_gate(recipe.rollout)
+        gating.enabled = gate and recipe.rollout.gate
         before = engine_counts(self.policy)
         batch = await run_episodes(self.policy, self.fmt, self.episodes, tool_factory(recipe, None), self.sampling,
                                    cap=recipe.sandbox.output_cap, speculative=predictor is not None,
-                                   predictor=predictor, depth=recipe.rollout.depth, busy_limit=busy,
+                                   predictor=predictor, depth=recipe.rollout.depth, busy_limit=busy, gate=gating,
                                    concurrency=recipe.rollout.concurrency, listeners=[timings])
         after = engine_counts(self.policy)
         return batch.trajectories, batch.metrics, timings, {k: after[k] - before[k] for k in after}
@@ -177,7 +171,8 @@ class Bench:
         seq_a = await self.run(recipe)
         specs = {}
         for name in (names if rep % 2 == 0 else names[::-1]):
-            specs[name] = await self.run(recipe, self.predictor(name, recorded or seq_a[0]), split_name(name)[1])
+            _, busy, gate = split_name(name)
+            specs[name] = await self.run(recipe, self.predictor(name, recorded or seq_a[0]), busy, gate)
         seq_b = await self.run(recipe)
         aa = compare(seq_a[0], seq_b[0])
         all_eps = {t.episode for t in seq_a[0]}
@@ -204,6 +199,8 @@ class Bench:
                          "G0_seq": first_turn_gen(seq_a[2], keep), "G0_spec": first_turn_gen(timings, keep),
                          "exact_frac": summary["spec/exact_frac"], "exec_won_frac": summary["spec/exec_won_frac"],
                          "skipped_frac": summary["spec/skipped_frac"] or 0.0,
+                         "skip_reasons": summary["spec/skip_reasons"],
+                         "committed_delay_frac": summary["committed_delay_frac"],
                          "policy_tokens_discarded": summary["spec/policy_tokens_discarded"],
                          # for the simulator: what the episodes were, and what the engine computed
                          "latency_mean_seq_s": base / len(keep) if keep else 0.0,
@@ -213,15 +210,19 @@ class Bench:
         return rows
 
 
-def split_name(name: str) -> tuple[str, int | None]:
-    """'world_model:busy2' -> ('world_model', 2); without the option the recipe's busy_limit holds."""
+def split_name(name: str) -> tuple[str, int | None, bool]:
+    """'world_model:busy2:nogate' -> ('world_model', 2, False); without options the recipe's
+    busy_limit and gate hold."""
     kind, *options = name.split(":")
-    busy = None
+    busy, gate = None, True
     for o in options:
-        if not (o.startswith("busy") and o[4:].isdigit()):
-            raise SystemExit(f"unknown predictor option {o!r} in {name!r} (busyN, e.g. busy2)")
-        busy = int(o[4:])
-    return kind, busy
+        if o == "nogate":
+            gate = False
+        elif o.startswith("busy") and o[4:].isdigit():
+            busy = int(o[4:])
+        else:
+            raise SystemExit(f"unknown predictor option {o!r} in {name!r} (busyN, e.g. busy2, or nogate)")
+    return kind, busy, gate
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
@@ -239,6 +240,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
                         **{k: statistics.fmean(r.get(k, 0.0) for r in rs) for k in ("a", "T", "G", "W", "G0_seq", "G0_spec")},
                         "exec_won_frac": statistics.fmean(r["exec_won_frac"] or 0.0 for r in rs),
                         "skipped_frac": statistics.fmean(r.get("skipped_frac", 0.0) for r in rs),
+                        "committed_delay_frac": max((r.get("committed_delay_frac") or 0.0) for r in rs),
                         "differing_first_in_action": sum(len(r["differing_first_in_action"]) for r in rs)})
         out.append(row)
     return out
@@ -276,7 +278,8 @@ def markdown(result: dict) -> str:
     """The summary as the table docs/BENCHMARKS.md shows."""
     pct = lambda x: "-" if x is None else f"{100 * x:.1f} %"
     lines = ["| latency median (emulated) | predictor | measured reduction (95 % interval) | bound | "
-             "measured / bound | a | T (s) | G (s) | W (s) | exec_won |", "|" + "---|" * 10]
+             "measured / bound | a | T (s) | G (s) | W (s) | exec_won | skipped | committed_delay_frac (max) |",
+             "|" + "---|" * 12]
     for r in result["summary"]:
         m = r["measured_reduction"]
         ci = f" ± {100 * m['ci95']:.1f}" if m["ci95"] is not None else ""
@@ -284,7 +287,8 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['latency_median_s (emulated)']:g} s | {r['predictor']} | {100 * m['mean']:.1f}{ci} % | "
                      + (" | ".join([pct(r["bound_reduction"]), "-" if ratio is None else f"{ratio:.2f}",
                                     f"{r['a']:.2f}", f"{r['T']:.2f}", f"{r['G']:.2f}", f"{r['W']:.3f}",
-                                    pct(r["exec_won_frac"])]) if "bound_reduction" in r else "| | | | | |")
+                                    pct(r["exec_won_frac"]), pct(r["skipped_frac"]),
+                                    pct(r["committed_delay_frac"])]) if "bound_reduction" in r else "| | | | | | | |")
                      + " |")
     return "\n".join(lines)
 
@@ -325,7 +329,7 @@ def main() -> None:
     ap.add_argument("--recipe", default="recipes/tiny-cpu.yaml")
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--latencies", default="0.3,1,3")
-    ap.add_argument("--predictors", default="world_model,history,oracle")
+    ap.add_argument("--predictors", default="world_model,tiered,oracle,oracle:nogate")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1, help="discarded passes before measuring")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")

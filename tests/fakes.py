@@ -12,7 +12,7 @@ import hashlib
 import re
 
 from obsspec import chat
-from obsspec.engines.base import Generation, GenerationRequest
+from obsspec.engines.base import Generation, GenerationRequest, SchedulingStats
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -64,6 +64,7 @@ class ScriptedPolicy:
         self.im_end = tokenizer.special["<|im_end|>"]
         self.requests: list[GenerationRequest] = []
         self.cancelled: set[str] = set()
+        self.promoted: list[str] = []
         self.steps: dict[str, int] = {}
         self.promoted: list[str] = []
 
@@ -98,26 +99,32 @@ class ScriptedPolicy:
         return True
 
     def promote(self, request_id: str) -> bool:
-        self.promoted.append(request_id)
-        return True
+        self.promoted.append(request_id)  # recorded; every request runs at full speed anyway
+        return False
+
+    def scheduling_stats(self) -> SchedulingStats:
+        return SchedulingStats(measured=False)
 
 
 class VLLMProtocolServer:
     """A local HTTP server that answers the subset of vLLM's OpenAI-compatible API obsspec's
     `VLLMEngine` speaks (/v1/completions with token ids, /v1/load_lora_adapter,
     /v1/unload_lora_adapter) by running a real `HFEngine`: a stand-in for a vLLM server on a
-    machine without a GPU. `calls` records (path, model or adapter name) in arrival order.
+    machine without a GPU. `calls` records (path, model or adapter name) in arrival order and
+    `priorities` the priority of each completion. A non-zero `priority` is refused with vLLM's
+    400 unless `priority_scheduling` (vLLM's `--scheduling-policy priority`) is on.
 
         with VLLMProtocolServer(hf_engine, "policy") as server:
             VLLMEngine(server.url, "policy")
     """
 
-    def __init__(self, engine, model_name: str):
+    def __init__(self, engine, model_name: str, priority_scheduling: bool = False):
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         outer = self
         self.engine, self.model_name, self.calls = engine, model_name, []
+        self.priority_scheduling, self.priorities = priority_scheduling, []
         self.lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
@@ -165,10 +172,16 @@ class VLLMProtocolServer:
             known = model == self.model_name or model in self.loaded
         if not known:
             return 404, {"error": {"message": f"The model `{model}` does not exist."}}
+        priority = body.get("priority", 0)
+        with self.lock:
+            self.priorities.append(priority)
+        if priority != 0 and not self.priority_scheduling:  # vLLM's check and wording
+            return 400, {"error": {"message": f"Got priority {priority} but Priority scheduling "
+                                              "is not enabled.", "type": "BadRequestError"}}
         gen = asyncio.run(self.engine.generate(GenerationRequest(
             tuple(body["prompt"]), max_new_tokens=body["max_tokens"], temperature=body["temperature"],
             top_p=body["top_p"], seed=body["seed"], stop_token_ids=tuple(body["stop_token_ids"]),
-            adapter=None if model == self.model_name else model)))
+            adapter=None if model == self.model_name else model, priority=priority)))
         reason = {"stop": "stop", "length": "length", "cancelled": "abort"}[gen.finish_reason]
         choice = {"index": 0, "token_ids": list(gen.token_ids), "finish_reason": reason,
                   "stop_reason": gen.stop_reason, "logprobs": {"token_logprobs": list(gen.logprobs)}}

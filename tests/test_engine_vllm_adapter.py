@@ -62,6 +62,10 @@ class FakeVLLM(BaseHTTPRequestHandler):
                                               "code": 404}})
         prompt = body["prompt"]
         assert isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+        if body.get("priority", 0) != 0 and not self.server.priority_scheduling:  # vLLM's check
+            message = f"Got priority {body['priority']} but Priority scheduling is not enabled."
+            return self.reply(400, {"object": "error", "message": message, "type": "BadRequestError",
+                                    "code": 400})
         if len(prompt) + body["max_tokens"] > MAX_MODEL_LEN:  # vLLM's wording
             message = (f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
                        f"requested {len(prompt) + body['max_tokens']} tokens.")
@@ -106,6 +110,7 @@ class FakeVLLM(BaseHTTPRequestHandler):
 def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeVLLM)
     httpd.seen, httpd.loras, httpd.disconnects = [], set(), []
+    httpd.priority_scheduling = False
     thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     yield httpd
@@ -275,3 +280,32 @@ def test_close_aborts_requests_in_flight(server):
             await engine.generate(GenerationRequest([1]))
 
     run(main())
+
+
+@pytest.mark.parametrize("priority_scheduling", [False, True])
+def test_priority_is_sent_only_with_priority_scheduling(server, priority_scheduling):
+    """vLLM refuses a non-zero priority unless served with --scheduling-policy priority, so the
+    client sends it only when constructed with priority_scheduling=True."""
+    server.priority_scheduling = priority_scheduling
+
+    async def main():
+        async with engine_for(server, priority_scheduling=priority_scheduling) as engine:
+            await engine.generate(GenerationRequest([1, 2], max_new_tokens=2))
+            await engine.generate(GenerationRequest([1, 2], max_new_tokens=2, priority=1,
+                                                    request_id="spec"))
+            return engine.promote("spec"), engine.scheduling_stats()
+
+    promoted, stats = run(main())
+    sent = [body.get("priority") for _, body, _ in server.seen]
+    assert sent == ([0, 1] if priority_scheduling else [None, None])
+    assert promoted is False, "a request running on vLLM cannot be re-prioritised"
+    assert not stats.measured and stats.committed_sec == 0 and stats.delay_frac is None
+
+
+def test_a_priority_sent_to_a_server_without_priority_scheduling_is_refused(server):
+    async def main():
+        async with engine_for(server, priority_scheduling=True) as engine:
+            await engine.generate(GenerationRequest([1, 2], max_new_tokens=2, priority=1))
+
+    with pytest.raises(VLLMServerError, match="Priority scheduling is not enabled"):
+        run(main())

@@ -6,7 +6,11 @@ Run: .venv/bin/python -m pytest -q tests/test_engines.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import dataclasses
+import threading
+import time
 
 import pytest
 import torch
@@ -521,12 +525,14 @@ def test_request_validation(kwargs, match):
         GenerationRequest(**{"prompt_ids": [1], **kwargs})
 
 
-def test_low_priority_work_waits_for_normal_work_and_promote_lifts_it(model):
-    from obsspec.engines.base import GenerationRequest
-    from obsspec.engines.hf import HFEngine
+# --------------------------------------------------------------------------------------------
+# Priority and preemption, scheduling stats
 
+
+@pytest.mark.parametrize("batch_invariant", [True, False])
+def test_low_priority_work_waits_for_normal_work_and_promote_lifts_it(model, batch_invariant):
     async def go():
-        engine = HFEngine(model, batch_invariant=True)
+        engine = HFEngine(model, batch_invariant=batch_invariant)
         try:
             normal = asyncio.ensure_future(engine.generate(GenerationRequest(prompt(8), max_new_tokens=600, seed=1, request_id="n")))
             low = asyncio.ensure_future(engine.generate(GenerationRequest(prompt(8, 5), max_new_tokens=40, seed=2, request_id="s", priority=1)))
@@ -551,6 +557,152 @@ def test_low_priority_work_waits_for_normal_work_and_promote_lifts_it(model):
     steps_while_busy, same, promoted_first = run(go())
     assert steps_while_busy == 0, "a low-priority request decoded while normal work was running"
     assert same and promoted_first
+
+
+@pytest.mark.parametrize("batch_invariant", [True, False])
+def test_committed_work_never_queues_behind_speculative_work(model, batch_invariant):
+    """Invariant: with every slot taken by speculative rows, a committed request is admitted at
+    once (speculative rows hold no slot of committed work), no speculative decode step runs
+    while it does (but the one in flight when it arrived), the speculative rows resume after it,
+    and it samples exactly what it samples alone."""
+    committed = GenerationRequest(prompt(9), max_new_tokens=30, temperature=0.8, seed=4)
+    specs = [GenerationRequest(prompt(6, start=40 + i), max_new_tokens=1500, temperature=0,
+                               priority=1, request_id=f"s{i}") for i in range(2)]
+
+    def steps(engine):
+        return sum(engine.decode_steps(r.request_id) or 0 for r in specs)
+
+    async def main():
+        async with HFEngine(model, batch_invariant=batch_invariant, max_batch_size=2) as engine:
+            solo = await engine.generate(committed)
+            tasks = [asyncio.create_task(engine.generate(r)) for r in specs]
+            while min(engine.decode_steps(r.request_id) or 0 for r in specs) < 3:
+                await asyncio.sleep(0.001)
+            before = engine.stats.decode_steps
+            together = await engine.generate(dataclasses.replace(committed, request_id="c"))
+            # forward passes for speculative rows while the committed request was in the engine
+            stepped = engine.stats.decode_steps - before - engine.decode_steps("c")
+            after = steps(engine)
+            blocked = any(t.done() for t in tasks)
+            while steps(engine) == after:  # resumed once the engine is otherwise idle
+                await asyncio.sleep(0.001)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return solo, together, stepped, blocked
+
+    solo, together, stepped, blocked = run(main())
+    assert not blocked, "the committed request waited for speculative work to finish"
+    assert stepped <= 1, f"speculative rows took {stepped} decode passes while committed work ran"
+    assert together.token_ids == solo.token_ids
+    assert together.logprobs == solo.logprobs, "a committed row shared a pass with speculative rows"
+
+
+def test_promote_moves_a_speculative_row_with_its_cache_to_committed_work(model):
+    """Batched mode: a promoted running row leaves its speculative batch (with its KV cache, left
+    padding stripped) for a committed one. It goes on decoding while the speculative row left
+    behind pauses, and both end with the greedy tokens they would have had unpromoted."""
+    a = GenerationRequest(prompt(7, start=3), max_new_tokens=40, temperature=0, priority=1,
+                          request_id="a")
+    b = GenerationRequest(prompt(12, start=9), max_new_tokens=60, temperature=0, priority=1,
+                          request_id="b")
+
+    async def main():
+        async with HFEngine(model) as engine:
+            ta, tb = asyncio.create_task(engine.generate(a)), asyncio.create_task(engine.generate(b))
+            while (engine.decode_steps("a") or 0) < 5:
+                await asyncio.sleep(0.001)
+            assert engine.promote("a")
+            at_promote = engine.decode_steps("b")
+            gen_a = await ta
+            at_finish = engine.decode_steps("b")
+            return gen_a, await tb, at_finish - at_promote, engine.stats
+
+    gen_a, gen_b, b_steps, stats = run(main())
+    assert stats.largest_batch == 2, "the two speculative requests never shared a batch"
+    assert b_steps <= 1, f"the speculative row decoded {b_steps} steps beside promoted work"
+    assert list(gen_a.token_ids) == reference_greedy(model, list(a.prompt_ids), 40)
+    assert list(gen_b.token_ids) == reference_greedy(model, list(b.prompt_ids), 60)
+    torch.testing.assert_close(torch.tensor(gen_a.logprobs),
+                               recomputed_logprobs(model, a.prompt_ids, gen_a.token_ids, 0),
+                               atol=1e-5, rtol=0)
+
+
+def test_scheduling_stats_charge_a_speculative_pass_in_flight_to_committed_work(model):
+    """Committed work on an idle engine is delayed by nothing; committed work arriving while a
+    speculative prefill runs (held at a hook until it has arrived, then 20 ms more) is charged
+    the rest of that pass, and the pass counts as speculative compute."""
+    long_prompt = prompt(300, start=2)
+    started, arrived = threading.Event(), threading.Event()
+
+    def hold_the_long_prefill(module, args, kwargs):
+        if kwargs["input_ids"].shape[1] == len(long_prompt):
+            started.set()
+            arrived.wait(5)
+            time.sleep(0.02)
+
+    def committed():
+        return GenerationRequest(prompt(5), max_new_tokens=8, temperature=0)
+
+    async def main():
+        async with HFEngine(copy.deepcopy(model)) as engine:
+            start = engine.scheduling_stats()
+            await engine.generate(committed())
+            idle = engine.scheduling_stats() - start
+            engine.model.register_forward_pre_hook(hold_the_long_prefill, with_kwargs=True)
+            spec = asyncio.create_task(engine.generate(
+                GenerationRequest(long_prompt, max_new_tokens=4, temperature=0, priority=1)))
+            await asyncio.to_thread(started.wait, 5)
+            start = engine.scheduling_stats()
+            task = asyncio.create_task(engine.generate(committed()))
+            await asyncio.sleep(0)  # it has reached the engine
+            arrived.set()
+            await asyncio.gather(task, spec)
+            return idle, engine.scheduling_stats() - start
+
+    idle, busy = run(main())
+    assert idle.measured and idle.committed == 1 and idle.committed_sec > 0
+    assert idle.committed_delay_sec == 0 and idle.delay_frac == 0.0
+    assert idle.speculative_compute_sec == 0
+    assert busy.committed == 1, "the speculative request is not committed work"
+    assert 0.02 <= busy.committed_delay_sec < busy.committed_sec
+    assert busy.speculative_compute_sec >= busy.committed_delay_sec
+    assert busy.delay_frac == pytest.approx(busy.committed_delay_sec / busy.committed_sec)
+
+
+def test_scheduling_stats_diff_and_delay_fraction():
+    from obsspec.engines.base import SchedulingStats
+
+    total = SchedulingStats(committed=3, committed_sec=4.0, committed_delay_sec=1.0,
+                            speculative_compute_sec=2.0)
+    earlier = SchedulingStats(committed=1, committed_sec=2.0, committed_delay_sec=0.5,
+                              speculative_compute_sec=0.5)
+    assert total - earlier == SchedulingStats(2, 2.0, 0.5, 1.5)
+    assert (total - earlier).delay_frac == 0.25
+    assert SchedulingStats().delay_frac is None, "no committed time: nothing to divide"
+    assert (total - SchedulingStats(measured=False)).delay_frac is None
+
+
+@pytest.mark.parametrize("priority_scheduling", [False, True])
+def test_vllm_client_sends_priority_only_to_a_priority_scheduling_server(model, priority_scheduling):
+    """The vLLM client forwards `priority` only when told the server schedules by it (vLLM
+    refuses a non-zero one otherwise); the fake server passes it on to an hf engine."""
+    from fakes import VLLMProtocolServer
+
+    from obsspec.engines import VLLMEngine
+
+    request = GenerationRequest(prompt(6), max_new_tokens=5, temperature=0, priority=1)
+
+    async def main(url):
+        async with VLLMEngine(url, "tiny", priority_scheduling=priority_scheduling) as client:
+            return await client.generate(request), client.promote("x"), client.scheduling_stats()
+
+    with contextlib.closing(HFEngine(model)) as engine:
+        with VLLMProtocolServer(engine, "tiny", priority_scheduling=True) as server:
+            gen, promoted, stats = run(main(server.url))
+    assert server.priorities == [1 if priority_scheduling else 0]
+    assert list(gen.token_ids) == reference_greedy(model, list(request.prompt_ids), 5)
+    assert promoted is False and not stats.measured and stats.delay_frac is None
 
 
 # --------------------------------------------------------------------------------------------

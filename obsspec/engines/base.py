@@ -63,10 +63,11 @@ class GenerationRequest:
     stop_strings: Sequence[str] = ()  # needs an engine constructed with a tokenizer
     adapter: str | None = None  # name of a LoRA adapter version loaded with `load_adapter`
     request_id: str = ""  # empty: a fresh unique id is assigned
-    # 0 = normal. Higher = only served when no priority-0 work is running (speculative work uses
-    # 1, so that it never takes compute from committed generations; `promote` lifts it to 0).
-    # Scheduling only: it never changes what is sampled. Honoured by the hf engine's
-    # batch-invariant mode; ignored elsewhere.
+    # 0 = committed work. Higher = speculative: served only when no priority-0 work is running or
+    # waiting, so that it never takes compute from committed generations (the scheduler uses 1;
+    # `Engine.promote` makes it committed work). Scheduling only: it never changes what is
+    # sampled. The hf engine preempts in both of its modes; the vLLM client forwards it only when
+    # constructed with priority_scheduling=True (docs/ENGINES.md, "Priority and preemption").
     priority: int = 0
 
     def __post_init__(self) -> None:
@@ -118,6 +119,44 @@ class Generation:
             )
 
 
+@dataclass(frozen=True)
+class SchedulingStats:
+    """What speculative work cost committed work, cumulative since the engine started.
+
+    Diff two snapshots to measure a stretch of work: `after - before`. Definitions (hf engine;
+    an engine that cannot see inside its server reports `measured=False` and zeros):
+    - `committed_sec`: over finished (or cancelled) priority-0 requests, the time from submission
+      (from `promote`, for a promoted one) to finish;
+    - `committed_delay_sec`: the part of that time those requests spent waiting on forward passes
+      of low-priority rows (a pass in flight cannot be interrupted; a pass mixing both classes is
+      charged by its low-priority share of rows);
+    - `speculative_compute_sec`: forward-pass time spent on low-priority rows.
+    """
+
+    committed: int = 0  # priority-0 requests finished
+    committed_sec: float = 0.0
+    committed_delay_sec: float = 0.0
+    speculative_compute_sec: float = 0.0
+    measured: bool = True
+
+    def __sub__(self, other: SchedulingStats) -> SchedulingStats:
+        return SchedulingStats(
+            committed=self.committed - other.committed,
+            committed_sec=self.committed_sec - other.committed_sec,
+            committed_delay_sec=self.committed_delay_sec - other.committed_delay_sec,
+            speculative_compute_sec=self.speculative_compute_sec - other.speculative_compute_sec,
+            measured=self.measured and other.measured,
+        )
+
+    @property
+    def delay_frac(self) -> float | None:
+        """The share of committed time lost to speculative work; None when there is nothing to
+        divide (no committed time, or not measured)."""
+        if not self.measured or self.committed_sec <= 0:
+            return None
+        return self.committed_delay_sec / self.committed_sec
+
+
 # --------------------------------------------------------------------------------------------
 # The protocol
 
@@ -133,6 +172,15 @@ class Engine(Protocol):
     def cancel(self, request_id: str) -> bool:
         """Stop a running request; its `generate` returns finish_reason "cancelled" with the
         tokens made so far. Returns False if no such request is running."""
+        ...
+
+    def promote(self, request_id: str) -> bool:
+        """Serve a speculative (priority > 0) request as committed work from now on. Returns
+        False when there is no such request or the engine cannot re-prioritise it."""
+        ...
+
+    def scheduling_stats(self) -> SchedulingStats:
+        """Cumulative cost of speculative work to committed work (see `SchedulingStats`)."""
         ...
 
     async def load_adapter(self, name: str, path: str | os.PathLike[str]) -> None:

@@ -4,9 +4,11 @@ One worker thread runs the model (torch releases the GIL, so the asyncio loop st
 `generate()` hands it a request and awaits a future it resolves via `call_soon_threadsafe`. Each
 worker iteration applies adapter commands, drops cancelled requests, admits waiting ones (prefill
 alone, sample the first token), then runs one decode step for every running request. Batched
-mode shares one left-padded cache per adapter (obsspec/engines/kv_batch.py); batch-invariant mode
-gives every request its own forward pass, so its results never depend on the others. Sampling
-uses a per-request `torch.Generator`. Details and measurements: docs/ENGINES.md.
+mode shares one left-padded cache per adapter and priority class (obsspec/engines/kv_batch.py);
+batch-invariant mode gives every request its own forward pass, so its results never depend on
+the others. Speculative (priority > 0) work is admitted and decoded only while no committed work
+runs or waits, and its rows hold no slot committed work could use. Sampling uses a per-request
+`torch.Generator`. Details and measurements: docs/ENGINES.md.
 
     engine = HFEngine(load_model("Qwen/Qwen3-0.6B"), tokenizer)
     async with engine:
@@ -20,13 +22,19 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest, PromptTooLong
+from obsspec.engines.base import (
+    EngineClosedError,
+    Generation,
+    GenerationRequest,
+    PromptTooLong,
+    SchedulingStats,
+)
 from obsspec.engines.kv_batch import DecodeBatch, propose, sample_token
 from obsspec.engines.lora import LoraAdapters
 from obsspec.engines.prefix_cache import PrefixCache
@@ -63,7 +71,7 @@ class EngineStats:
 
 class _Running:
     """A request from submission to result; touched by the worker thread only, except the two
-    cancellation flags, which the asyncio side sets."""
+    cancellation flags and `committed_since`, which the asyncio side sets."""
 
     def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
         self.request = request
@@ -75,12 +83,19 @@ class _Running:
         self.logprobs: list[float] = []
         self.position = 0  # position id of the next input token (the last sampled one)
         self.steps = 0
-        self.priority = request.priority  # may be lowered to 0 by `promote`
+        # When it became committed work: at submission for priority 0, at `promote` for a
+        # speculative request; None while it is speculative. Set once, never unset.
+        self.committed_since: float | None = self.submitted if request.priority == 0 else None
+        self.delay = 0.0  # committed time spent waiting on low-priority forward passes
         self.generator: torch.Generator | None = None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.abandoned = False  # the awaiting task was cancelled: drop without a result
         self.cancel_requested = False  # engine.cancel(): finish with "cancelled"
+
+    @property
+    def low(self) -> bool:
+        return self.committed_since is None
 
     @property
     def gone(self) -> bool:
@@ -157,6 +172,8 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         self.stats = EngineStats()
+        # Replaced (never mutated) by the worker, so a reader always gets a consistent snapshot.
+        self._scheduling = SchedulingStats()
         self._cond = threading.Condition()
         self._inbox: list[_Running] = []  # guarded by _cond
         self._commands: list[_AdapterCommand] = []  # guarded by _cond
@@ -199,19 +216,22 @@ class HFEngine:
             return True
 
     def promote(self, request_id: str) -> bool:
-        """Serve a low-priority request as normal work from now on (a speculation that matched)."""
+        """Serve a speculative request as committed work from now on (a speculation that
+        matched): waiting, it is admitted as committed work; running, it decodes with committed
+        rows from the next step. True also for a request that already is committed work."""
         with self._cond:
             running = self._by_id.get(request_id)
-            if running is None:
+            if running is None or running.gone:
                 return False
-            running.priority = 0
+            if running.committed_since is None:
+                running.committed_since = time.perf_counter()
             self._cond.notify()
         return True
 
-    def _urgent(self, include_waiting: bool) -> bool:
-        """Is normal-priority work running (or waiting)? Then low-priority work waits."""
-        return (any(r.priority == 0 for b in self._batches for r in b.rows)
-                or (include_waiting and any(r.priority == 0 for r in self._waiting)))
+    def scheduling_stats(self) -> SchedulingStats:
+        """What speculative work has cost committed work so far (obsspec/engines/base.py).
+        Written by the worker thread; a read gets one consistent snapshot."""
+        return self._scheduling
 
     def decode_steps(self, request_id: str) -> int | None:
         """Decode steps a running or recently finished request has taken part in."""
@@ -275,6 +295,7 @@ class HFEngine:
                 self._run_commands()
                 with torch.inference_mode():
                     self._drop_cancelled()
+                    self._move_promoted()
                     self._admit()
                     self._decode()
             except Exception as exc:  # a bug of ours: fail what is in flight, never hang it
@@ -316,27 +337,67 @@ class HFEngine:
         self._batches = [b for b in self._batches if b.rows]
 
     def _admit(self) -> None:
+        """Committed requests first, in arrival order, while fewer than `max_batch_size`
+        committed rows run (speculative rows hold no slot of theirs); speculative ones only when
+        no committed work runs or could start, while fewer than `max_batch_size` rows run. So
+        at most 2 x max_batch_size rows are ever held: the speculative ones paused, costing
+        memory, not compute."""
         with self._cond:
             blocked = {c.name for c in self._commands}
-        running = sum(len(b.rows) for b in self._batches)
-        urgent = self.batch_invariant and self._urgent(include_waiting=True)
+        rows = [r for b in self._batches for r in b.rows]
+        committed = sum(not r.low for r in rows)
+        speculative = len(rows) - committed
         held: list[_Running] = []
-        while self._waiting and running < self.max_batch_size:
-            r = self._waiting.popleft()
-            if r.request.adapter in blocked or (urgent and r.priority > 0):
-                held.append(r)
-                continue
-            try:
-                logits, cache = self._prefill(r)
-                self._accept(r, logits)
-                if r.finish_reason is None:
-                    self._batch_for(r.request.adapter).add(r, cache)
-                    running += 1
-                else:
-                    self._complete(r)
-            except Exception as exc:  # this request's fault (or the model's): fail it alone
-                self._fail(r, exc)
-        self._waiting.extendleft(reversed(held))
+        try:
+            while self._waiting:
+                r = self._waiting.popleft()
+                if r.low or r.request.adapter in blocked or committed >= self.max_batch_size:
+                    held.append(r)
+                elif self._start(r):
+                    committed += 1
+        finally:
+            self._waiting.extendleft(reversed(held))
+        if committed or any(not r.low and r.request.adapter not in blocked for r in self._waiting):
+            return
+        held = []
+        try:
+            while self._waiting:
+                r = self._waiting.popleft()
+                if (not r.low or r.request.adapter in blocked or speculative >= self.max_batch_size
+                        or self._committed_arrived()):
+                    held.append(r)
+                elif self._start(r):
+                    speculative += 1
+        finally:
+            self._waiting.extendleft(reversed(held))
+
+    def _start(self, r: _Running) -> bool:
+        """Prefill a request and sample its first token; True if it joined a decode batch."""
+        try:
+            logits, cache = self._prefill(r)
+            self._accept(r, logits)
+            if r.finish_reason is not None:
+                self._complete(r)
+                return False
+            self._batch_for(r).add(r, cache)
+            return True
+        except Exception as exc:  # this request's fault (or the model's): fail it alone
+            self._fail(r, exc)
+            return False
+
+    def _committed_arrived(self) -> bool:
+        with self._cond:
+            return any(not r.low for r in self._inbox)
+
+    def _committed_work(self) -> bool:
+        """Does committed work run, wait for a slot, or arrive? Then speculative passes wait.
+        (Committed requests held for an adapter swap do not count: the swap may be waiting for
+        speculative rows of that adapter to finish.)"""
+        if any(not r.low for b in self._batches for r in b.rows) or self._committed_arrived():
+            return True
+        with self._cond:
+            blocked = {c.name for c in self._commands}
+        return any(not r.low and r.request.adapter not in blocked for r in self._waiting)
 
     def _prefill(self, r: _Running) -> tuple[torch.Tensor, DynamicCache]:
         request = r.request
@@ -349,6 +410,7 @@ class HFEngine:
         if not request.greedy:
             r.generator = torch.Generator(device=self.device).manual_seed(request.seed)
         self.adapters.use(request.adapter)
+        speculative = [r] if r.low else []
         t0 = time.perf_counter()
         if self.prefix_cache is not None:
             logits, cache = self.prefix_cache.prefill(self.model, request.prompt_ids, request.adapter,
@@ -358,41 +420,82 @@ class HFEngine:
             ids = torch.tensor([request.prompt_ids], device=self.device)
             logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True,
                                 logits_to_keep=1).logits[0, -1]
-        self.stats.prefill_sec += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.stats.prefill_sec += t1 - t0
+        self._charge(1, speculative, t0, t1)
         self.stats.prefills += 1
         self.stats.prefill_tokens += len(request.prompt_ids)
         r.position = len(request.prompt_ids)
         return logits, cache
 
-    def _batch_for(self, adapter: str | None) -> DecodeBatch:
+    def _batch_for(self, r: _Running) -> DecodeBatch:
+        adapter, priority = r.request.adapter, int(r.low)
         if not self.batch_invariant:
             for batch in self._batches:
-                if batch.adapter == adapter:
+                if batch.adapter == adapter and batch.priority == priority:
                     return batch
-        batch = DecodeBatch(adapter)
+        batch = DecodeBatch(adapter, priority)
         self._batches.append(batch)
-        # Grouped by adapter so that consecutive forward passes rarely switch adapters.
-        self._batches.sort(key=lambda b: (b.adapter is not None, b.adapter or ""))
+        self._sort_batches()
         return batch
 
+    def _sort_batches(self) -> None:
+        # Committed batches first; grouped by adapter so that consecutive forward passes rarely
+        # switch adapters.
+        self._batches.sort(key=lambda b: (b.priority, b.adapter is not None, b.adapter or ""))
+
+    def _move_promoted(self) -> None:
+        """Promoted rows become committed work. A batch-invariant batch (one row) changes class;
+        in batched mode a promoted row leaves its speculative batch, with its cache, for a
+        committed batch of its adapter."""
+        for batch in [b for b in self._batches if b.priority > 0]:
+            promoted = [i for i, r in enumerate(batch.rows) if not r.low]
+            if promoted and self.batch_invariant:
+                batch.priority = 0
+                continue
+            for i in reversed(promoted):
+                row, cache, mask = batch.take(i)
+                self._batch_for(row).add(row, cache, mask)
+        self._batches = [b for b in self._batches if b.rows]
+        self._sort_batches()
+
+    def _charge(self, rows: int, speculative: list[_Running], t0: float, t1: float) -> None:
+        """Account one forward pass of `rows` rows, `speculative` of them low-priority when it
+        started. Their share of the pass (all of it, unless a batched pass mixes classes: the
+        linear-share approximation) is speculative compute, and it delayed every committed
+        request waiting or running meanwhile, one that arrived during the pass from its arrival
+        (a pass in flight cannot be interrupted)."""
+        if not speculative:
+            return
+        share = len(speculative) / rows
+        with self._cond:
+            arrived = list(self._inbox)
+        for r in (*arrived, *self._waiting, *(r for b in self._batches for r in b.rows)):
+            since = r.committed_since
+            if since is not None and t1 > since and not any(r is s for s in speculative):
+                r.delay += (t1 - max(t0, since)) * share
+        s = self._scheduling
+        self._scheduling = replace(
+            s, speculative_compute_sec=s.speculative_compute_sec + (t1 - t0) * share)
+
     def _decode(self) -> None:
-        # only running normal work pauses low-priority rows: were waiting work to count too, a
-        # full batch of low-priority rows could never make room for it
-        urgent = self.batch_invariant and self._urgent(include_waiting=False)
         for batch in self._batches:
             if not batch.rows:  # a request failed while joining a new batch
                 continue
-            if urgent and all(r.priority > 0 for r in batch.rows):
-                continue  # low-priority work waits while normal work runs
+            if batch.priority > 0 and self._committed_work():
+                continue  # speculative rows wait, holding only memory, while committed work runs
             proposals = [self._proposal(r) for r in batch.rows] if self.prompt_lookup else None
             if proposals is not None and not any(proposals):
                 proposals = None
             try:
                 self.adapters.use(batch.adapter)
+                speculative = [r for r in batch.rows if r.low]
                 t0 = time.perf_counter()
                 logits = batch.forward(self.model) if proposals is None else \
                     batch.forward_proposed(self.model, proposals)
-                self.stats.decode_sec += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                self.stats.decode_sec += t1 - t0
+                self._charge(len(batch.rows), speculative, t0, t1)
             except Exception as exc:  # the shared forward pass failed: fail all its requests
                 for r in batch.rows:
                     self._fail(r, exc)
@@ -482,9 +585,20 @@ class HFEngine:
         with self._cond:
             self._by_id.pop(r.request.request_id, None)
 
+    def _settle(self, r: _Running, now: float) -> None:
+        """A committed request leaves: add its time and delay to the scheduling stats."""
+        since = r.committed_since
+        if since is None:
+            return
+        s = self._scheduling
+        self._scheduling = replace(
+            s, committed=s.committed + 1, committed_sec=s.committed_sec + (now - since),
+            committed_delay_sec=s.committed_delay_sec + r.delay)
+
     def _complete(self, r: _Running) -> None:
         now = time.perf_counter()
         admitted = r.admitted or now
+        self._settle(r, now)
         self._forget(r)
         self.stats.finished += 1
         r.post(
@@ -502,6 +616,7 @@ class HFEngine:
     def _finish_cancelled(self, r: _Running) -> None:
         self.stats.cancelled += 1
         if r.abandoned:
+            self._settle(r, time.perf_counter())
             self._forget(r)
         else:
             r.finish_reason, r.stop_reason = "cancelled", None

@@ -67,26 +67,30 @@ def pad_left(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 
 
 class DecodeBatch:
-    """Running requests that share one adapter and one left-padded KV cache.
+    """Running requests that share one adapter, one priority class and one left-padded KV cache.
 
     A row is any object with `tokens` (the tokens sampled so far; the last one is fed next) and
     `position` (the position id that token is fed at).
     """
 
-    def __init__(self, adapter: str | None):
+    def __init__(self, adapter: str | None, priority: int = 0):
         self.adapter = adapter
+        self.priority = priority  # 0: committed rows; > 0: speculative rows (the engine pauses them)
         self.rows: list[Any] = []
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # (rows, cache length); 0 marks left padding
 
-    def add(self, row: Any, cache: DynamicCache) -> None:
+    def add(self, row: Any, cache: DynamicCache, mask: torch.Tensor | None = None) -> None:
+        """Join a row with its own cache (batch size 1) and, for one taken from another batch,
+        its mask (1, cache length); by default every cached column counts."""
         if any(type(layer) is not DynamicLayer for layer in cache.layers):
             raise NotImplementedError(
                 "batched decoding needs a full-attention cache (DynamicLayer); "
                 "construct HFEngine(..., batch_invariant=True) for this model"
             )
         n = cache.get_seq_length()
-        mask = torch.ones(1, n, dtype=torch.long, device=cache.layers[0].keys.device)
+        if mask is None:
+            mask = torch.ones(1, n, dtype=torch.long, device=cache.layers[0].keys.device)
         if not self.rows:
             self.rows, self.cache, self.mask = [row], cache, mask
             return
@@ -147,3 +151,16 @@ class DecodeBatch:
         for layer in self.cache.layers:
             layer.keys = layer.keys[idx, :, start:]
             layer.values = layer.values[idx, :, start:]
+
+    def take(self, index: int) -> tuple[Any, DynamicCache, torch.Tensor]:
+        """Remove row `index` and return it with a cache and mask of its own, its left padding
+        stripped, ready to `add` to another batch. Its keys and values are copied unchanged,
+        so it continues as it would have here (up to the float noise of other padding)."""
+        row_mask = self.mask[index]
+        start = int(row_mask.nonzero()[0])
+        cache = DynamicCache([(layer.keys[index:index + 1, :, start:],
+                               layer.values[index:index + 1, :, start:]) for layer in self.cache.layers])
+        mask = row_mask[start:].unsqueeze(0).clone()
+        row = self.rows[index]
+        self.keep([i for i in range(len(self.rows)) if i != index])
+        return row, cache, mask

@@ -17,6 +17,10 @@ Mapping (details and the vLLM API assumptions in docs/ENGINES.md):
   /v1/load_lora_adapter. vLLM keys adapters by name, so use a new name per version.
 - Cancelling the awaiting task closes the connection; vLLM's completion endpoint aborts a request
   whose client disconnected, which frees its slot in the batch.
+- With `priority_scheduling=True` the request's `priority` is sent too (the server must run with
+  `--scheduling-policy priority`; lower is served first, as ours). A request running on the server
+  cannot be re-prioritised (`promote` is False) and the client sees no scheduling inside it
+  (`scheduling_stats().measured` is False).
 """
 
 from __future__ import annotations
@@ -30,7 +34,13 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest, PromptTooLong
+from obsspec.engines.base import (
+    EngineClosedError,
+    Generation,
+    GenerationRequest,
+    PromptTooLong,
+    SchedulingStats,
+)
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
 
@@ -51,7 +61,7 @@ class VLLMEngine:
     """A client engine for one vLLM server; `model` is the served base model's name."""
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
-                 timeout_sec: float | None = None):
+                 timeout_sec: float | None = None, priority_scheduling: bool = False):
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"base_url must look like http://host:port, got {base_url!r}")
@@ -63,6 +73,8 @@ class VLLMEngine:
         self._prefix = url.path.rstrip("/").removesuffix("/v1")  # accept .../v1 as well
         self._api_key = api_key
         self._timeout = timeout_sec
+        # vLLM refuses a non-zero priority unless served with --scheduling-policy priority
+        self.priority_scheduling = priority_scheduling
         self._adapters: set[str] = set()
         self._inflight: dict[str, asyncio.Task[dict[str, Any]]] = {}
         self._cancelled: set[str] = set()
@@ -72,7 +84,7 @@ class VLLMEngine:
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         """The /v1/completions body for a request."""
-        return {
+        body = {
             "model": request.adapter or self.model,
             "prompt": list(request.prompt_ids),
             "max_tokens": request.max_new_tokens,
@@ -91,6 +103,9 @@ class VLLMEngine:
             "return_tokens_as_token_ids": True,
             "request_id": request.request_id,
         }
+        if self.priority_scheduling:
+            body["priority"] = request.priority
+        return body
 
     async def generate(self, request: GenerationRequest) -> Generation:
         if self._closed:
@@ -146,6 +161,14 @@ class VLLMEngine:
         self._cancelled.add(request_id)
         call.get_loop().call_soon_threadsafe(call.cancel)
         return True
+
+    def promote(self, request_id: str) -> bool:
+        """Always False: vLLM cannot re-prioritise a request it is running."""
+        return False
+
+    def scheduling_stats(self) -> SchedulingStats:
+        """Not measured: the server's scheduling is invisible to this client."""
+        return SchedulingStats(measured=False)
 
     # ---- adapters ----------------------------------------------------------------------------
 

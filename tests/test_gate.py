@@ -60,3 +60,20 @@ def test_a_disabled_gate_lets_everything_through_but_keeps_estimating():
 def test_bad_gate_settings_are_refused(bad):
     with pytest.raises(ValueError):
         Gate(**bad)
+
+
+def test_the_cost_share_follows_the_engine_measurement():
+    gate = Gate(cost_share=0.25)
+    assert gate.cost() == pytest.approx(0.25)
+    gate.observe_cost(delay_s=0.0, speculative_s=18.0)        # preempted speculation: free
+    assert gate.cost() < 0.03
+    busy = Gate(cost_share=0.25)
+    busy.observe_cost(delay_s=18.0, speculative_s=18.0)       # every speculative second lost
+    assert busy.cost() > 0.9
+    # the same draft goes on the first engine and not on the second
+    for g in (gate, busy):
+        for _ in range(6):
+            g.observe_draft(g.decide(source="world_model", cls="ls", confidence=None, elapsed_s=0), False)
+        g.observe_draft(g.decide(source="world_model", cls="ls", confidence=None, elapsed_s=0), True)
+    assert gate.decide(source="world_model", cls="ls", confidence=None, elapsed_s=0).go
+    assert not busy.decide(source="world_model", cls="ls", confidence=None, elapsed_s=0).go

@@ -17,10 +17,12 @@ A draft that arrives while its command still runs is worth, in seconds of episod
 - G        the mean committed policy generation time so far: what a hit hides at most;
 - T_left   the tool's expected time left (mean tool time of the class so far, minus what
            has elapsed): a hit cannot hide more than the tool still takes;
-- cost_share  the share of a wasted speculative generation's compute that lands on committed
-           work (preempted, low-priority speculation on an engine of its own costs ~0; a CPU
-           shared with sandboxes and the world model costs more). A configured guess:
-           `obsspec rollout` reports the measured share (`committed_delay_frac`).
+- cost_share  the share of a wasted speculative generation's time that lands on committed
+           work: preempted, low-priority speculation costs ~0, a saturated first-come engine ~1.
+           The configured value is a prior worth COST_PRIOR_S seconds of speculation; where the
+           policy engine measures it (obsspec/engines/base.py SchedulingStats: committed delay
+           per second of speculative compute), the scheduler feeds the measurement in
+           (`observe_cost`) and the estimate follows the engine.
 
 The gate changes timing only, never tokens: a skipped draft is still compared with the real
 output (so the calibration keeps learning), and the next action is generated on the real
@@ -37,6 +39,7 @@ HIGH_PRIOR = 0.9        # prior hit rate of exact replays (history cache, siblin
 DEFAULT_PRIOR = 0.5     # prior hit rate of a draft with no confidence of its own
 CONFIDENCE_BINS = (0.2, 0.4, 0.6, 0.8)  # upper edges of the confidence bins (the last is 1.0)
 SKIP_REASONS = ("busy", "no_time", "low_gain")
+COST_PRIOR_S = 2.0      # seconds of speculative compute the configured cost share is worth
 
 
 def expected_gain(p_hit: float, gen_s: float, tool_left_s: float, cost_share: float) -> float:
@@ -102,6 +105,7 @@ class Gate:
         self._tool: dict[str, _Mean] = defaultdict(_Mean)
         self._tool_all = _Mean()
         self._gen = _Mean()
+        self._delay_s = self._spec_s = 0.0
 
     # -- estimates -------------------------------------------------------------------------------
     def p_hit(self, source: str, cls: str, confidence: float | None) -> float:
@@ -117,6 +121,10 @@ class Gate:
             return m.get(self.prior_tool_s)
         return self._tool_all.get(self.prior_tool_s)
 
+    def cost(self) -> float:
+        """The cost share: the configured prior, moved by the engine's measured delays."""
+        return (self._delay_s + self.cost_share * COST_PRIOR_S) / (self._spec_s + COST_PRIOR_S)
+
     def gen_s(self) -> float:
         return self._gen.get(self.prior_gen_s)
 
@@ -124,7 +132,7 @@ class Gate:
     def decide(self, *, source: str, cls: str, confidence: float | None, elapsed_s: float) -> Decision:
         p = self.p_hit(source, cls, confidence)
         left = max(0.0, self.tool_s(cls) - elapsed_s)
-        gain = expected_gain(p, self.gen_s(), left, self.cost_share)
+        gain = expected_gain(p, self.gen_s(), left, self.cost())
         if not self.enabled or gain > 0:
             reason = ""
         else:
@@ -142,6 +150,12 @@ class Gate:
         for m in (self._tool[cls], self._tool_all):
             m.total += seconds
             m.n += 1
+
+    def observe_cost(self, delay_s: float, speculative_s: float) -> None:
+        """Committed work delayed by `delay_s` while the engine spent `speculative_s` on
+        speculative work (differences of the engine's SchedulingStats)."""
+        self._delay_s += max(0.0, delay_s)
+        self._spec_s += max(0.0, speculative_s)
 
     def observe_generation(self, seconds: float) -> None:
         self._gen.total += seconds

@@ -102,6 +102,7 @@ class Scheduler:
         self.busy_limit = busy_limit  # 0: always speculate
         self.busy = 0  # committed policy generations in flight, over all episodes
         self.gate = gate or Gate(enabled=False)  # (disabled, it still keeps the estimates)
+        self._stats = policy.scheduling_stats()  # what the gate has been told of the engine's costs
         self._wm_ids = itertools.count()
 
     # -- one episode ------------------------------------------------------------------------------
@@ -330,6 +331,11 @@ class Scheduler:
         specs = []
         cls = program_class(request.commands[-1])
         elapsed = self.bus.now() - started if started is not None else 0.0
+        stats = self.policy.scheduling_stats()
+        if stats.measured:
+            cost = stats - self._stats
+            self.gate.observe_cost(cost.committed_delay_sec, cost.speculative_compute_sec)
+            self._stats = stats
         for k, (draft, ids, body) in enumerate(drafts):
             decision = self.gate.decide(source=draft.source, cls=cls, confidence=draft.confidence,
                                         elapsed_s=elapsed)

@@ -26,6 +26,9 @@ NO_CONTENTION = {"single_tok_s": 100.0, "peak_tok_s": 1e9}
 
 
 def cfg(**sections):
+    """SimConfig with some fields changed; the gate is off unless `spec` turns it on: the closed
+    forms below are those of speculating every draft."""
+    sections["spec"] = {"gate": False, **sections.get("spec", {})}
     return replace(SimConfig(), **sections)
 
 

@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--plot", default="")
     ap.add_argument("--regimes", default="", help="heat map of the regimes grid, gated")
     args = ap.parse_args()
+    provenance = stamp()  # before this run rewrites tracked results
     result = {}
     for name, target in PUBLISHED.items():
         r = simulate(preset(name), grid=GRID)
@@ -136,7 +137,7 @@ def main() -> None:
     print("\ngated cells that hurt: " + (json.dumps(hurts) if hurts else "none"))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({**stamp(), **result, "joint": both, "regimes": reg, "cpu_tiny": tiny,
+            json.dump({**provenance, **result, "joint": both, "regimes": reg, "cpu_tiny": tiny,
                        "hurts_gated": hurts}, f, indent=2)
     if args.plot:
         plot(result, args.plot)

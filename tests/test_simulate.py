@@ -292,6 +292,16 @@ def test_a_draft_arriving_after_the_tools_expected_end_is_skipped_for_no_time():
     assert simulate_batch(replace(c, spec={"gate": False}), wl, speculative=True).spec_admitted == 16
 
 
+def test_the_simulator_decides_with_the_schedulers_gate(monkeypatch):
+    """One decision rule: change gate.py's expected gain and the simulated gate follows it."""
+    import obsspec.rollout.gate as gate
+
+    c = gated(spec={"hit_rate": 1.0}, tool={"median_s": 5.0})
+    monkeypatch.setattr(gate, "expected_gain", lambda *a: -1.0)
+    b = simulate_batch(c, synthetic(c), speculative=True)
+    assert b.spec_admitted == 0 and sum(b.skips.values()) == b.drafts > 0
+
+
 def test_gate_off_reports_no_gated_run():
     r = run_point(cfg(), synthetic(cfg()))
     assert r["reduction_gated"] is None and r["skips_gated"] is None

@@ -126,7 +126,7 @@ def setting_config(row: dict, concurrency: int, depth: int, hit: float, shape: d
                    tool={"kind": "lognormal", "median_s": median, "sigma": sigma, "overhead_s": overhead},
                    workload={"episodes": 32, "concurrency": concurrency, "turns": MAX_TURNS,
                              "action_tokens": shape["action_tokens_mean"], "action_spread": shape.get("action_log_sd", ACTION_SPREAD), "seed": seed},
-                   spec={"hit_rate": hit, "depth": depth, "breadth": 1})
+                   spec={"hit_rate": hit, "depth": depth, "breadth": 1, "gate": False})  # recorded without a gate
 
 
 def calibrate(make, shape: dict, target_g: float, tool_mean: float) -> float:

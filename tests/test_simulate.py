@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from obsspec.commands import CLASSES
+from obsspec.rollout.gate import SKIP_REASONS
 from obsspec.sim.config import EngineSpec, SimConfig, SimError, apply_overrides
 from obsspec.sim.engine import FluidEngine
 from obsspec.sim.episodes import SimTurn, simulate_batch
@@ -26,6 +27,9 @@ NO_CONTENTION = {"single_tok_s": 100.0, "peak_tok_s": 1e9}
 
 
 def cfg(**sections):
+    """SimConfig with some fields changed; the gate is off unless `spec` turns it on: the closed
+    forms below are those of speculating every draft."""
+    sections["spec"] = {"gate": False, **sections.get("spec", {})}
     return replace(SimConfig(), **sections)
 
 
@@ -241,6 +245,88 @@ def test_simulated_reductions_match_the_measured_benchmark_where_docs_say_so():
         assert nm["spec_prefills_simulated"] == pytest.approx(nm["spec_prefills_measured"], rel=0.15), nm
 
 
+# -- the speculation gate ------------------------------------------------------------------------------
+
+def gated(**sections):
+    """The h100-8b defaults, 32 episodes of 16 turns, with the gate on."""
+    c = cfg(**sections)
+    return replace(c, spec={"gate": True})
+
+
+def test_the_gate_stops_speculating_on_drafts_that_never_match():
+    c = gated(spec={"hit_rate": 0.0}, tool={"median_s": 5.0})
+    r = run_point(c, synthetic(c))
+    assert r["reduction"] < -0.03, "precondition: speculating every wrong draft should cost here"
+    started = r["spec_requests_admitted_gated"]
+    assert started <= 0.05 * r["drafts_gated"], f"the gate started {started} of {r['drafts_gated']} wrong drafts"
+    assert abs(r["reduction_gated"]) <= 0.005, f"gated reduction {r['reduction_gated']:.4f} is not ~0"
+
+
+def test_the_gate_keeps_the_whole_gain_of_drafts_that_always_match():
+    c = gated(spec={"hit_rate": 1.0}, tool={"median_s": 5.0})
+    r = run_point(c, synthetic(c))
+    assert r["reduction"] > 0.15
+    assert r["reduction_gated"] == pytest.approx(r["reduction"], abs=0.01), "the gate lost gain on sure hits"
+
+
+def test_skips_are_counted_by_reason_and_every_draft_is_decided_once():
+    c = gated(spec={"hit_rate": 0.3}, tool={"median_s": 2.0})
+    wl = synthetic(c)
+    b = simulate_batch(c, wl, speculative=True)
+    counts = b.counts()
+    assert set(b.skips) <= set(SKIP_REASONS) and sum(b.skips.values()) > 0
+    # depth 1, breadth 1: one decision per draft that came before its tool, on every turn but the last
+    assert b.drafts == counts.get("match", 0) + counts.get("rollback", 0) + counts.get("skipped", 0)
+    assert counts.get("skipped", 0) == sum(b.skips.values()) and b.spec_admitted == b.drafts - counts["skipped"]
+    r = run_point(c, wl)
+    assert r["skips_gated"] == b.skips and r["drafts_gated"] == b.drafts
+
+
+def test_a_draft_arriving_after_the_tools_expected_end_is_skipped_for_no_time():
+    # tools of 0.2 and 0.6 s (mean 0.4 s), drafts after 0.45 s: only the 0.6 s tools get one in
+    # time, and by then the tool is expected to be done
+    c = gated(engine=NO_CONTENTION)
+    wl = [episode([0.2, 0.6] * 4, [True] * 8, wm=0.45) for _ in range(4)]
+    b = simulate_batch(c, wl, speculative=True)
+    assert b.skips.get("no_time", 0) >= 8 and b.spec_admitted <= 4, (b.skips, b.spec_admitted)
+    assert simulate_batch(replace(c, spec={"gate": False}), wl, speculative=True).spec_admitted == 16
+
+
+def test_the_simulator_decides_with_the_schedulers_gate(monkeypatch):
+    """One decision rule: change gate.py's expected gain and the simulated gate follows it."""
+    import obsspec.rollout.gate as gate
+
+    c = gated(spec={"hit_rate": 1.0}, tool={"median_s": 5.0})
+    monkeypatch.setattr(gate, "expected_gain", lambda *a: -1.0)
+    b = simulate_batch(c, synthetic(c), speculative=True)
+    assert b.spec_admitted == 0 and sum(b.skips.values()) == b.drafts > 0
+
+
+def test_gate_off_reports_no_gated_run():
+    r = run_point(cfg(), synthetic(cfg()))
+    assert r["reduction_gated"] is None and r["skips_gated"] is None
+
+
+@pytest.mark.parametrize("auc", [0.5, 0.8, 1.0])
+def test_draft_confidences_separate_hits_from_misses_with_the_configured_auc(auc):
+    c = cfg(spec={"hit_rate": 0.5, "confidence_auc": auc}, workload={"episodes": 64, "turns": 16})
+    turns = [t for ep in synthetic(c) for t in ep]
+    hits = [c.spec.confidence(t.conf_u, True) for t in turns if t.hit]
+    misses = [c.spec.confidence(t.conf_u, False) for t in turns if not t.hit]
+    got = sum((h > m) + 0.5 * (h == m) for h in hits for m in misses) / (len(hits) * len(misses))
+    assert got == pytest.approx(auc, abs=0.03)
+
+
+def test_a_confident_gate_keeps_the_gain_and_skips_the_waste():
+    base = {"spec": {"hit_rate": 0.5}, "tool": {"median_s": 3.0}}
+    blind, sharp = gated(**base), replace(gated(**base), spec={"confidence_auc": 1.0})
+    rb, rs = run_point(blind, synthetic(blind)), run_point(sharp, synthetic(sharp))
+    # a hit's confidence is 1 at auc 1, a miss's uniform: the gate's top bin (> 0.8) still holds a
+    # fifth of the misses, so about that share of the waste stays
+    assert rs["policy_tokens_wasted_gated"] < 0.35 * rb["policy_tokens_wasted_gated"]
+    assert rs["reduction_gated"] >= rb["reduction_gated"] - 0.005
+
+
 # -- inputs ---------------------------------------------------------------------------------------------
 
 def test_overrides_are_typed_and_unknown_keys_rejected():
@@ -248,7 +334,11 @@ def test_overrides_are_typed_and_unknown_keys_rejected():
     assert (c.tool.median_s, c.spec.depth, c.engine.spec_priority) == (3.0, 2, "low")
     for bad, msg in [("tool.median=3", "unknown simulator key 'tool.median'"), ("spec.depth=two", "expected int"),
                      ("spec.hit_rate=1.5", "hit_rate must be in [0, 1]"), ("engine=3", "is a section"),
-                     ("spec.class_hit_rates=ls", "bad class list")]:
+                     ("spec.class_hit_rates=ls", "bad class list"), ("spec.gate=maybe", "expected bool"),
+                     ("spec.gate_cost_share=-0.1", "gate_cost_share must be a number >= 0"),
+                     ("spec.gate_cost_share=.nan", "gate_cost_share must be a number >= 0"),
+                     ("spec.confidence_auc=0.3", "confidence_auc must be in [0.5, 1]"),
+                     ("spec.confidence_auc=1.01", "confidence_auc must be in [0.5, 1]")]:
         with pytest.raises(SimError, match=msg.replace("[", r"\[").replace("]", r"\]")):
             apply_overrides(SimConfig(), [bad])
     with pytest.raises(SimError, match="key=v1,v2"):
@@ -374,6 +464,7 @@ def test_help_ends_with_examples(command):
     (["simulate", "--preset", "tpu"], "unknown preset 'tpu'"),
     (["simulate", "--from", "/nonexistent/run"], "/nonexistent/run: no such run directory"),
     (["simulate", "--grid", "spec.depth=1,x"], "spec.depth: expected int"),
+    (["simulate", "spec.confidence_auc=2"], "spec.confidence_auc must be in [0.5, 1]"),
 ])
 def test_simulate_user_errors_are_one_line(args, message):
     r = cli(*args)

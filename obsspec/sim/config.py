@@ -149,10 +149,24 @@ class SpecSpec:
     class_mix: str = doc("", "Share of commands per class 'ls:0.3,cat:0.2,...' (the rest: other).")
     depth: int = doc(1, "Turns speculated past the committed one.")
     breadth: int = doc(1, "Distinct drafts per prediction, each with its own speculative request.")
+    gate: bool = doc(True, "Also simulate speculation behind the gate of obsspec/rollout/gate.py "
+                           "(reduction_gated, regime_gated): a draft's speculative request starts only "
+                           "when its expected gain is positive; a skipped draft costs no policy compute.")
+    gate_cost_share: float = doc(0.25, "The gate's share of a wasted speculative generation's compute "
+                                       "that lands on committed work (gate.py's cost_share).")
+    confidence_auc: float = doc(0.5, "How well a draft's confidence separates hits from misses, as an "
+                                     "AUC in [0.5, 1]: 0.5 = no information, 1 = every hit above every "
+                                     "miss. A miss's confidence is uniform on [0, 1], a hit's has CDF "
+                                     "x**(auc / (1 - auc)).")
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hit_rate <= 1.0:
             raise SimError(f"spec.hit_rate must be in [0, 1] (got {self.hit_rate})")
+        if not 0.0 <= self.gate_cost_share < math.inf:
+            raise SimError(f"spec.gate_cost_share must be a number >= 0 (got {self.gate_cost_share})")
+        if not 0.5 <= self.confidence_auc <= 1.0:
+            raise SimError(f"spec.confidence_auc must be in [0.5, 1] (got {self.confidence_auc}; "
+                           "0.5 = confidence carries no information)")
         if self.depth < 1 or self.breadth < 1:
             raise SimError("spec.depth and spec.breadth must be >= 1")
         for text in (self.class_hit_rates, self.class_mix):
@@ -160,6 +174,15 @@ class SpecSpec:
 
     def rates(self) -> dict[str, float]:
         return parse_classes(self.class_hit_rates)
+
+    def confidence(self, u: float, hit: bool) -> float:
+        """A draft's confidence from its uniform draw `u`: u for a miss, u ** ((1 - auc) / auc) for
+        a hit. P(hit's > miss's) = E[hit's] = auc; one u per draft whatever the hit rate, so
+        neighbouring grid points share their draws."""
+        if not hit:
+            return u
+        a = self.confidence_auc
+        return 1.0 if a >= 1.0 else u ** ((1.0 - a) / a)
 
 
 @dataclass(frozen=True)

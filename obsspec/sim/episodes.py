@@ -6,11 +6,16 @@ A workload is, per episode, its turns (`SimTurn`: action length, kind, tool late
 latency, whether the draft matches). Every policy action is a request on one shared `FluidEngine`.
 Speculative mode follows the scheduler: a bash call starts the tool and a prediction at once;
 when the prediction arrives, each of `breadth` drafts gets a low-priority speculative request for
-the next action; with depth left, a finished speculative bash action gets its own prediction and
-speculative next action. When the tool finishes: no prediction yet -> `exec_won` (cancelled);
-a correct draft -> `match` (its request is promoted, what it carries goes forward); otherwise
-`rollback` (everything speculative is cancelled, its tokens wasted) and the action is generated
-again. Everything is deterministic given the workload.
+the next action, if the speculation gate (obsspec/rollout/gate.py, the scheduler's own `Gate`,
+with `spec.gate` on) expects it to gain; with depth left, a finished speculative bash action gets
+its own prediction and speculative next action. When the tool finishes: no prediction yet ->
+`exec_won` (cancelled); a correct draft that started -> `match` (its request is promoted, what it
+carries goes forward); every draft skipped by the gate -> `skipped`; otherwise `rollback`
+(everything speculative is cancelled, its tokens wasted); after the last two the action is
+generated as in the sequential run. The gate learns as the scheduler's does: every committed
+generation (G), every tool (T per command class) and every draft's outcome, skipped or not (p,
+from the draft's confidence, `SpecSpec.confidence`). Everything is deterministic given the
+workload.
 """
 
 from __future__ import annotations
@@ -20,8 +25,11 @@ import itertools
 import statistics
 from dataclasses import dataclass, field
 
+from obsspec.rollout.gate import SKIP_REASONS, Decision, Gate
 from obsspec.sim.config import SimConfig
 from obsspec.sim.engine import FluidEngine, Request
+
+GOLDEN = 0.6180339887498949  # spreads the confidences of one prediction's `breadth` drafts
 
 
 @dataclass(frozen=True)
@@ -33,15 +41,21 @@ class SimTurn:
     hit: bool = False          # the greedy draft equals the real observation
     cls: str = "other"         # command class (first word of the command)
     prompt_tokens: float = 0.0  # the history this turn's action is generated on (prefill)
+    conf_u: float = 0.5        # the uniform behind the draft's confidence (SpecSpec.confidence)
 
 
 @dataclass
 class _Spec:
     correct: bool
+    decision: Decision | None = None  # the gate's; None for a draft of the last turn (nothing to start)
     request: Request | None = None
     deeper: "_Branch | None" = None
     pending: bool = False      # matched and promoted: the episode waits for it
     cancelled: bool = False
+
+    @property
+    def skipped(self) -> bool:
+        return self.decision is not None and not self.decision.go
 
 
 @dataclass
@@ -75,6 +89,8 @@ class BatchResult:
     engine_busy_sec: float
     makespan: float
     spec_admitted: int = 0           # speculative requests admitted (prefilled) while speculative
+    drafts: int = 0                  # drafts the gate decided on
+    skips: dict = field(default_factory=dict)  # drafts the gate skipped, by reason
 
     @property
     def total_latency(self) -> float:
@@ -103,7 +119,12 @@ class _Batch:
         self.waiting = list(range(len(workload)))
         self.branch: dict[int, _Branch | None] = {}
         self.ready_since: dict[int, float] = {}
+        self.tool_start: dict[int, float] = {}
         self.finished: set[int] = set()
+        s = cfg.spec
+        self.gate = Gate(enabled=s.gate, cost_share=s.gate_cost_share)
+        self.skips = dict.fromkeys(SKIP_REASONS, 0)
+        self.drafts = 0
 
     # -- the clock ------------------------------------------------------------------------------
     def at(self, t: float, fn, *args) -> None:
@@ -129,7 +150,7 @@ class _Batch:
         if len(self.finished) != len(self.workload):
             raise RuntimeError("simulation stalled with episodes unfinished (a bug of the simulator)")
         return BatchResult(self.results, eng.wasted_tokens, eng.tokens[0], eng.tokens[1], eng.busy_sec, eng.now,
-                           eng.prefills[1])
+                           eng.prefills[1], self.drafts, {k: v for k, v in self.skips.items() if v})
 
     @property
     def now(self) -> float:
@@ -163,6 +184,7 @@ class _Batch:
         def done():
             self.results[e].gen_sec[k] = self.now - t0
             self.results[e].wait_policy_sec += self.now - t0
+            self.gate.observe_generation(self.now - t0)
             self._action(e, k, None)
 
         turn = self.workload[e][k]
@@ -179,6 +201,7 @@ class _Batch:
                 return self._generate(e, k + 1)
             return self._finish(e)
         self.results[e].tool_sec += turn.tool_s
+        self.tool_start[e] = self.now
         self.at(self.now + turn.tool_s, self._tool_done, e, k)
         if self.speculative and self.cfg.spec.enabled:
             self.branch[e] = carried or self._predict(e, k, True, self.cfg.spec.depth)
@@ -195,14 +218,26 @@ class _Batch:
             return
         b.arrived = True
         turns = self.workload[e]
-        hit = b.correct and turns[b.turn].hit
+        turn = turns[b.turn]
+        hit = b.correct and turn.hit
+        # a branch is the episode's own once its turn's tool runs; before (a deeper branch under
+        # a speculative action) all of the tool's expected time is left
+        elapsed = self.now - self.tool_start[e] if b is self.branch.get(e) else 0.0
         for j in range(self.cfg.spec.breadth):
             spec = _Spec(correct=hit and j == 0)
-            if b.turn + 1 < len(turns):
-                nxt = turns[b.turn + 1]
-                spec.request = self.engine.submit(nxt.action_tokens, 1, lambda s=spec: self._spec_done(e, b, s),
-                                                  prompt_tokens=nxt.prompt_tokens)
             b.specs.append(spec)
+            if b.turn + 1 >= len(turns):
+                continue
+            confidence = self.cfg.spec.confidence((turn.conf_u + j * GOLDEN) % 1.0, spec.correct)
+            spec.decision = self.gate.decide(source="world_model", cls=turn.cls, confidence=confidence,
+                                             elapsed_s=elapsed)
+            self.drafts += 1
+            if not spec.decision.go:
+                self.skips[spec.decision.reason] += 1
+                continue
+            nxt = turns[b.turn + 1]
+            spec.request = self.engine.submit(nxt.action_tokens, 1, lambda s=spec: self._spec_done(e, b, s),
+                                              prompt_tokens=nxt.prompt_tokens)
 
     def _spec_done(self, e: int, b: _Branch, spec: _Spec) -> None:
         turns, k = self.workload[e], b.turn + 1
@@ -217,16 +252,21 @@ class _Batch:
     def _tool_done(self, e: int, k: int) -> None:
         turns, b = self.workload[e], self.branch.get(e)
         self.branch[e] = None
+        self.gate.observe_tool(turns[k].cls, turns[k].tool_s)
         if b is not None:
             if not b.arrived:
                 self._count(e, "exec_won")
                 self._cancel_branch(b)
             else:
-                matched = next((s for s in b.specs if s.correct), None)
+                for s in b.specs:  # skipped drafts too: the calibration keeps learning
+                    if s.decision is not None:
+                        self.gate.observe_draft(s.decision, s.correct)
+                matched = next((s for s in b.specs if s.correct and not s.skipped), None)
                 for s in b.specs:
                     if s is not matched:
                         self._cancel_spec(s)
-                self._count(e, "match" if matched else "rollback")
+                skipped = all(s.skipped for s in b.specs)  # the turn goes on as if sequential
+                self._count(e, "skipped" if skipped else "match" if matched else "rollback")
                 if matched is not None and matched.request is not None:
                     self.engine.promote(matched.request)
                     if matched.request.finished_at is not None:

@@ -3,12 +3,14 @@
     result = simulate(SimConfig(), grid={"tool.median_s": [1, 3, 10], "spec.hit_rate": [0.4, 0.8]},
                       from_run="runs/rollout", out_dir="runs/simulate")
 
-Each grid point simulates the same batch twice, sequential and speculative (same workload: same
-tool latencies, action lengths and draft outcomes), on one shared engine, and reports the
-latency reduction `1 - sum(speculative latency) / sum(sequential latency)` (as the rollout
-benchmark measures it), the section-7 bound from the simulated sequential run, hits, rollbacks,
-exec_won and wasted tokens. A point is `helps` above +threshold, `hurts` below -threshold,
-`neutral` between. Writes simulate.json, simulate.png and summary.json under `out_dir`.
+Each grid point simulates the same batch (same workload: same tool latencies, action lengths,
+draft outcomes and confidences) on one shared engine sequentially, with every draft speculated,
+and, with `spec.gate`, behind the speculation gate; it reports the latency reduction
+`1 - sum(speculative latency) / sum(sequential latency)` of both (`reduction`,
+`reduction_gated`; as the rollout benchmark measures it), the bound of docs/ROLLOUT.md from the
+simulated sequential run, hits, rollbacks, exec_won, wasted tokens and the gate's skips by
+reason. A point is `helps` above +threshold, `hurts` below -threshold, `neutral` between
+(`regime`, `regime_gated`). Writes simulate.json, simulate.png and summary.json under `out_dir`.
 """
 
 from __future__ import annotations
@@ -35,13 +37,20 @@ def bound(workload: list[list[SimTurn]], seq: BatchResult) -> float:
 
 
 def run_point(cfg: SimConfig, workload: list[list[SimTurn]]) -> dict:
+    """Sequential, ungated speculative and (with `spec.gate`) gated speculative runs of one
+    workload: the ungated run's numbers, and the gated run's under `*_gated` keys (None without
+    the gate)."""
     seq = simulate_batch(cfg, workload, speculative=False)
-    spec = simulate_batch(cfg, workload, speculative=True)
+    spec = simulate_batch(replace(cfg, spec={"gate": False}), workload, speculative=True)
+    reduce = lambda r: 1 - r.total_latency / seq.total_latency if seq.total_latency else 0.0
+    gated = simulate_batch(cfg, workload, speculative=True) if cfg.spec.gate else None
     c = spec.counts()
     in_time = c.get("match", 0) + c.get("rollback", 0)
     predicted = in_time + c.get("exec_won", 0)
+    gc = gated.counts() if gated else {}
     return {
-        "reduction": 1 - spec.total_latency / seq.total_latency if seq.total_latency else 0.0,
+        "reduction": reduce(spec),
+        "reduction_gated": reduce(gated) if gated else None,
         "bound": bound(workload, seq),
         "latency_mean_sequential_s": seq.total_latency / len(workload),
         "latency_mean_speculative_s": spec.total_latency / len(workload),
@@ -56,10 +65,20 @@ def run_point(cfg: SimConfig, workload: list[list[SimTurn]]) -> dict:
         if spec.committed_tokens else 0.0,
         "engine_busy_frac_sequential": seq.engine_busy_sec / seq.makespan if seq.makespan else 0.0,
         "blocked_s": sum(e.blocked_sec for e in spec.episodes),
+        # the gated run: what started, what it skipped and why, what it threw away
+        "latency_mean_gated_s": gated.total_latency / len(workload) if gated else None,
+        "drafts_gated": gated.drafts if gated else None,
+        "skips_gated": gated.skips if gated else None,
+        "matches_gated": gc.get("match", 0) if gated else None,
+        "rollbacks_gated": gc.get("rollback", 0) if gated else None,
+        "spec_requests_admitted_gated": gated.spec_admitted if gated else None,
+        "policy_tokens_wasted_gated": round(gated.wasted_tokens, 1) if gated else None,
     }
 
 
-def regime(reduction: float, threshold: float) -> str:
+def regime(reduction: float | None, threshold: float) -> str | None:
+    if reduction is None:
+        return None
     return "helps" if reduction > threshold else "hurts" if reduction < -threshold else "neutral"
 
 
@@ -95,7 +114,8 @@ def simulate(cfg: SimConfig, grid: dict[str, list] | None = None, from_run: str 
         else:
             workload = synthetic(pcfg)
         r = run_point(pcfg, workload)
-        rows.append({**point, **r, "regime": regime(r["reduction"], threshold)})
+        rows.append({**point, **r, "regime": regime(r["reduction"], threshold),
+                     "regime_gated": regime(r["reduction_gated"], threshold)})
     result = {"command": "simulate", "grid": grid, "from_run": from_run or None, "threshold": threshold,
               "base": to_dict(base), "rows": rows}
     if recorded:
@@ -109,8 +129,9 @@ def simulate(cfg: SimConfig, grid: dict[str, list] | None = None, from_run: str 
 
             plot_grid(result, os.path.join(out_dir, "simulate.png"))
         with open(os.path.join(out_dir, "summary.json"), "w") as f:
+            count = lambda key: {g: sum(r[key] == g for r in rows) for g in ("helps", "neutral", "hurts")}
             json.dump({"command": "simulate", "points": len(rows), "out_dir": out_dir,
-                       "regimes": {g: sum(r["regime"] == g for r in rows) for g in ("helps", "neutral", "hurts")}},
+                       "regimes": count("regime"), "regimes_gated": count("regime_gated") if base.spec.gate else None},
                       f, indent=2)
     return result
 
@@ -134,13 +155,18 @@ def parse_grid(items: list[str]) -> dict[str, list]:
 def table(result: dict) -> str:
     """The rows as a markdown table."""
     keys = list(result["grid"])
-    head = keys + ["reduction", "bound", "hit rate", "exec_won", "wasted tok", "regime"]
+    head = keys + ["reduction", "bound", "hit rate", "exec_won", "wasted tok", "regime",
+                   "gated", "skipped", "wasted tok gated", "regime gated"]
     pct = lambda v: "-" if v is None else f"{100 * v:.1f} %"
+    num = lambda v: "-" if v is None else f"{v:.0f}"
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:
+        skipped = None if r["drafts_gated"] is None else sum(r["skips_gated"].values()) / max(1, r["drafts_gated"])
         lines.append("| " + " | ".join([*(f"{r[k]:g}" if isinstance(r[k], (int, float)) else str(r[k]) for k in keys),
                                         pct(r["reduction"]), pct(r["bound"]), pct(r["exact_frac"]),
-                                        pct(r["exec_won_frac"]), f"{r['policy_tokens_wasted']:.0f}", r["regime"]]) + " |")
+                                        pct(r["exec_won_frac"]), num(r["policy_tokens_wasted"]), r["regime"],
+                                        pct(r["reduction_gated"]), pct(skipped), num(r["policy_tokens_wasted_gated"]),
+                                        r["regime_gated"] or "-"]) + " |")
     return "\n".join(lines)
 
 

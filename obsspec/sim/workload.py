@@ -40,8 +40,14 @@ def _lognormal_mean1(sigma: float, z: float) -> float:
     return math.exp(sigma * z - sigma * sigma / 2)
 
 
+def _confidence_draws(seed: int) -> random.Random:
+    """A stream of its own for the drafts' confidences: adding it left every other draw as it was."""
+    return random.Random(f"{seed}:confidence")
+
+
 def synthetic(cfg: SimConfig) -> list[list[SimTurn]]:
     w, rng = cfg.workload, random.Random(cfg.workload.seed)
+    conf_rng = _confidence_draws(w.seed)
     mix = parse_classes(cfg.spec.class_mix)
     classes = list(mix.items())
     out = []
@@ -60,7 +66,8 @@ def synthetic(cfg: SimConfig) -> list[list[SimTurn]]:
             kind = "done" if k == w.turns - 1 and ends_done else "bash"
             tokens = w.action_tokens * _lognormal_mean1(w.action_spread, z)
             turns.append(SimTurn(tokens, kind, cfg.tool.sample(tool_rng) if kind == "bash" else 0.0,
-                                 cfg.world_model.latency(), u_hit < _hit_rate(cfg, cls), cls, prompt))
+                                 cfg.world_model.latency(), u_hit < _hit_rate(cfg, cls), cls, prompt,
+                                 conf_rng.random()))
             prompt += tokens + cfg.world_model.obs_tokens
         out.append(turns)
     return out
@@ -207,7 +214,7 @@ class RecordedRun:
         outcomes, wm = self.outcomes(), self.wm_latency()
         wm_drafted = [v for v in wm.values() if v != math.inf]
         wm_mean = statistics.fmean(wm_drafted) if wm_drafted else cfg.world_model.latency()
-        rng = random.Random(cfg.workload.seed)
+        rng, conf_rng = random.Random(cfg.workload.seed), _confidence_draws(cfg.workload.seed)
         out = []
         for traj in self.sequential:
             e, spans, turns = traj["episode"], _action_spans(traj), []
@@ -229,6 +236,6 @@ class RecordedRun:
                 kind = turn["kind"] if turn["kind"] in ("bash", "done") else "error"
                 prompt, tokens = spans[k] if k < len(spans) else (len(traj["policy_mask"]), 1)
                 turns.append(SimTurn(float(tokens), kind, tool if kind == "bash" else 0.0, w, hit, cls,
-                                     float(prompt)))
+                                     float(prompt), conf_rng.random()))
             out.append(turns)
         return out

@@ -51,6 +51,16 @@ def _h(*parts) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "big")
 
 
+class PlainEngine:
+    """What a fake engine that never re-prioritises and measures nothing inherits."""
+
+    def promote(self, request_id: str) -> bool:
+        return False
+
+    def scheduling_stats(self) -> SchedulingStats:
+        return SchedulingStats(measured=False)
+
+
 class ScriptedPolicy:
     """An engine whose action is a deterministic function of (prompt ids, seed).
 

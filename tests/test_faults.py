@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from fakes import ByteTokenizer, ScriptedPolicy
+from fakes import ByteTokenizer, PlainEngine, ScriptedPolicy
 from obsspec import chat
 from obsspec.engines.base import EngineClosedError, Generation, PromptTooLong
 from obsspec.env.sandbox import SandboxConfig, SandboxError
@@ -253,7 +253,7 @@ def test_one_failing_draft_request_cancels_its_siblings():
     tok = ByteTokenizer()
     fmt = ChatFormat(tok)
 
-    class Engine:
+    class Engine(PlainEngine):
         def __init__(self):
             self.cancelled = 0
 
@@ -287,7 +287,7 @@ def test_a_world_model_prompt_past_its_positions_gets_no_draft_and_the_episode_g
     world model with as many positions takes: its engine refused the prompt, the scheduler took
     that for a bug and the training run died."""
 
-    class Engine:
+    class Engine(PlainEngine):
         calls = 0
 
         async def generate(self, request):

@@ -18,6 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from fakes import PlainEngine
 from obsspec import chat
 from obsspec.engines.base import Generation
 from obsspec.env.sandbox import SandboxConfig
@@ -524,7 +525,7 @@ def test_kit_config_rejects_impossible_shapes():
 # ---------------------------------------------------------------------------- evaluation
 
 
-class ScriptedEngine:
+class ScriptedEngine(PlainEngine):
     """Answers each turn with the next scripted action text (+ <|im_end|>)."""
 
     def __init__(self, fmt: ChatFormat, actions: list[str]):
@@ -589,7 +590,7 @@ def test_sampling_has_one_source_the_recipes_policy_section():
     assert makers == ["rollout/config.py"], f"a Sampling made outside sampling(): {makers}"
 
 
-class EchoWorldModel:
+class EchoWorldModel(PlainEngine):
     """Drafts the real body for the first step of every trajectory and a wrong one afterwards."""
 
     def __init__(self, fmt: ChatFormat, rows: list[dict]):

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from fakes import ByteTokenizer, ScriptedPolicy
+from fakes import ByteTokenizer, PlainEngine, ScriptedPolicy
 from obsspec.rollout.events import Event, EventBus, JsonlTrace
 from obsspec.rollout.metrics import SpecMetrics, chrome_trace, export_chrome_trace, percentile
 from obsspec.rollout.predictors import Corrupting, Delayed, Oracle
@@ -76,7 +76,7 @@ def test_a_world_model_whose_drafts_are_all_unusable_shows_a_zero_hit_rate():
     assert h.summary()["spec/exact_frac"] is None
 
 
-class CannedEngine:
+class CannedEngine(PlainEngine):
     """An engine that answers the k-th request of a prediction with texts[k]."""
 
     def __init__(self, tok, texts):

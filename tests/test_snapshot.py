@@ -21,7 +21,7 @@ import shutil
 
 import pytest
 
-from fakes import ByteTokenizer, ScriptedPolicy
+from fakes import ByteTokenizer, PlainEngine, ScriptedPolicy
 from obsspec import chat
 from obsspec.config import ConfigError, load_recipe
 from obsspec.engines.base import Generation
@@ -96,7 +96,7 @@ def test_the_listing_is_what_the_agents_own_ls_prints_and_contents_are_the_files
 # ------------------------------------------------------------------ the world model's request
 
 
-class FakeWorldModel:
+class FakeWorldModel(PlainEngine):
     """Records every request; answers `answers[prompt without the snapshot]` when the prompt
     starts with the snapshot the task should have, else a wrong body."""
 

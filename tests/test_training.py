@@ -165,7 +165,7 @@ def test_history_cache_answers_first_and_its_state_round_trips():
 
     import asyncio
 
-    p = WithHistory(Never())
+    p = WithHistory(Never(), siblings=False)  # (with siblings, an unanswered prediction waits for one)
     req = PredictRequest("k", "t", 0, 0, ("ls",), (1, 2))
     assert asyncio.run(p.predict(req)) == [] and Never.asked == 1
     p.learn(req, "a\n(exit_code=0)")

@@ -166,10 +166,13 @@ def rollout_cmd(
 ):
     """Run a batch of terminal episodes with and/or without observation speculation.
 
-    `both` runs the two modes on the same tasks and seeds and prints a side-by-side table:
-    latency p50/p95, mean reduction, hit rate, exec_won, rollbacks, wasted tokens, and whether
-    the two were token-identical (also in summary.json). Events go to trace-*.jsonl, and
-    trace.json opens in Perfetto (ui.perfetto.dev) as a timeline.
+    `both` runs the two modes on the same tasks and seeds, `rollout.pairs` times with the order
+    alternating, and prints a side-by-side table: latency p50/p95, hit rate, exec_won,
+    rollbacks, speculation skipped (and why), committed work delayed by speculation, wasted
+    tokens, whether every pass was token-identical, and the mean latency reduction with its
+    95 % interval over the pairs ("not resolvable here" when it includes 0). All of it is in
+    summary.json. Events go to trace-*.jsonl, and trace.json opens in Perfetto
+    (ui.perfetto.dev) as a timeline.
 
     **Examples**
 

@@ -33,12 +33,12 @@ def run_dir(tmp_path_factory):
               "policy.max_new_tokens=48", "policy.max_context=1024", "sandbox.output_cap=200",
               "world_model.max_tokens=264",
               # four episodes share one engine, so the recipe's load gate would skip every draft
-              "rollout.busy_limit=0", *MICRO]
+              "rollout.busy_limit=0", "rollout.pairs=1", *MICRO]
     # The history cache, one episode at a time: a group member repeats what the one before it
     # ran (greedy), so drafts arrive before the tool and speculation really runs (the micro world
     # model's drafts rarely do).
-    r = cli("rollout", *common, "rollout.predictor=history", "rollout.concurrency=1", "--mode", "both",
-            "--out", str(root / "run"), "--display", "plain")
+    r = cli("rollout", *common, "rollout.predictor=history", "rollout.concurrency=1", "rollout.pairs=2",
+            "--mode", "both", "--out", str(root / "run"), "--display", "plain")
     assert r.returncode == 0, r.stderr[-3000:]
     return root, common, r
 
@@ -50,6 +50,12 @@ def test_both_modes_side_by_side_and_token_identical(run_dir):
     assert summary["comparison"]["token_identical"] is True
     assert summary["episodes"] == 4 and summary["modes"]["speculative"]["predictor"] == "history"
     assert "token-identical: yes" in r.stdout and "latency p95" in r.stdout
+    # two pairs in alternating order: a reduction each, an interval, a verdict
+    comp = summary["comparison"]
+    assert comp["pairs"] == 2 and len(comp["reduction_per_pair"]) == 2 and comp["reduction_ci95"] is not None
+    assert comp["verdict"] in ("gain", "loss", "not resolvable here")
+    assert "95 % interval over 2 alternating pairs" in r.stdout and comp["verdict"] in r.stdout
+    assert summary["modes"]["sequential"]["committed_delay_frac"] is not None
     # Identity says nothing if speculation never ran: drafts arrived ahead of the tool, the
     # policy generated on them, and some were kept, in this very run.
     events = [json.loads(x) for x in (root / "run" / "trace-speculative.jsonl").read_text().splitlines()]

@@ -199,3 +199,45 @@ def test_the_plain_live_display_shows_speculation_only_when_there_is_some(specul
     line = capsys.readouterr().err
     assert line.startswith("val: 1/1 episodes")
     assert ("hit rate" in line and "hidden ~" in line) == speculative
+
+
+# ---------------------------------------------------------------------------------------------
+# The headline of `rollout --mode both`: alternating pairs, an interval, a verdict
+
+
+def test_pairs_alternate_which_mode_runs_first():
+    from obsspec.rollout_run import passes
+
+    assert passes("both", 3) == ["sequential", "speculative", "speculative", "sequential",
+                                 "sequential", "speculative"]
+    assert passes("speculative", 3) == ["speculative"]
+
+
+def test_the_verdict_says_not_resolvable_when_the_interval_includes_zero():
+    from obsspec.rollout.metrics import mean_interval, verdict
+
+    noisy = mean_interval([0.145, -0.033, 0.006])   # three runs of one rollout on 2 shared cores
+    assert noisy["ci95"] > abs(noisy["mean"]) and verdict(noisy) == "not resolvable here"
+    assert verdict(mean_interval([0.10, 0.11, 0.09])) == "gain"
+    assert verdict(mean_interval([-0.05, -0.06, -0.04])) == "loss"
+    assert verdict(mean_interval([0.2]))[:8] == "one pair"
+
+
+def test_compare_pairs_reduces_each_pair_and_checks_every_pass_for_identity():
+    from obsspec.rollout.trajectory import Trajectory
+    from obsspec.rollout_run import compare_pairs
+
+    def traj(episode, latency, ids=(1, 2, 3)):
+        t = Trajectory.start(episode, "t", list(ids[:1]))
+        t.append_action(list(ids[1:]), [0.0] * (len(ids) - 1))
+        t.latency_sec, t.reward = latency, 1.0
+        return t
+
+    runs = [("sequential", [traj(0, 2.0)]), ("speculative", [traj(0, 1.0)]),
+            ("speculative", [traj(0, 1.5)]), ("sequential", [traj(0, 2.0)])]
+    comp = compare_pairs(runs)
+    assert comp["pairs"] == 2 and comp["reduction_per_pair"] == [0.5, 0.25]
+    assert comp["mean_latency_reduction"] == pytest.approx(0.375) and comp["token_identical"]
+    # a later pass that differs in a token is caught, though the first pair was identical
+    runs[2] = ("speculative", [traj(0, 1.5, ids=(1, 2, 4))])
+    assert not compare_pairs(runs)["token_identical"]

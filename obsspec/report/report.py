@@ -18,7 +18,7 @@ import statistics
 from obsspec.report import page, plots
 from obsspec.report.load import RunData, load_run
 from obsspec.rollout.metrics import chrome_trace
-from obsspec.ui.tables import ROWS, cell  # the rollout table's rows and cells, same labels
+from obsspec.ui.tables import ROWS, cell, headline  # the rollout table's rows and cells, same labels
 
 
 def _summary_section(run: RunData) -> str:
@@ -30,8 +30,7 @@ def _summary_section(run: RunData) -> str:
     out = page.table(head, rows)
     comp = run.summary.get("comparison")
     if comp:
-        out += (f"<p>Mean latency reduction: <b>{cell(comp.get('mean_latency_reduction'), True)}</b> over "
-                f"{comp.get('episodes_compared_for_latency')} token-identical episodes; token-identical: "
+        out += (f"<p><b>{page.esc(headline(comp))}</b>; token-identical: "
                 f"<b>{cell(comp.get('token_identical'))}</b>.</p>")
     lat = run.summary.get("tool_latency") or {}
     if lat.get("emulated"):
@@ -83,6 +82,7 @@ def write_report(run_dir: str, out_dir: str = "", episodes: int = 4) -> dict:
     draw("timeline", plots.timeline, per_traj, n=episodes)
     draw("wasted_tokens", plots.wasted_tokens, per_traj)
     draw("spec_vs_seq", plots.spec_vs_seq, per_traj)
+    draw("calibration", plots.calibration, per_traj)
 
     sections = []
     if run.kind == "training":

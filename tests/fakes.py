@@ -52,7 +52,11 @@ def _h(*parts) -> int:
 
 
 class PlainEngine:
-    """What a fake engine that never re-prioritises and measures nothing inherits."""
+    """What a fake engine that never re-prioritises and measures nothing inherits (cancelling
+    its task is the only way to stop one of its requests)."""
+
+    def cancel(self, request_id: str) -> bool:
+        return False
 
     def promote(self, request_id: str) -> bool:
         return False

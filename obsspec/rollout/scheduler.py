@@ -403,8 +403,7 @@ class Scheduler:
         if spec.task is None or spec not in scope.open:
             return  # no request, or its end is already told
         if not spec.task.done():
-            cancel = getattr(self.policy, "cancel", None)
-            if not (cancel and cancel(spec.request_id)):
+            if not self.policy.cancel(spec.request_id):
                 spec.task.cancel()
         # asyncio.wait never raises the generation's own CancelledError: one raised here is ours
         await asyncio.wait({spec.task})

@@ -30,6 +30,7 @@ from obsspec.jsonl import read_jsonl
 from obsspec.env.suite import interleave, load_tasks, spread
 from obsspec.rollout.config import make_gate, sampling
 from obsspec.rollout.predictors import WithHistory
+from obsspec.rollout.gate import SKIP_REASONS
 from obsspec.rollout.metrics import mean_of, pooled_success, skips_phrase
 from obsspec.training.config import TrainError
 from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics
@@ -208,6 +209,10 @@ class TrainingRun:
                 "cache_hit_rate_mean": mean_of([r.get("spec/exact_frac_cache") for r in rows]),
                 "wm_hits": sum(r.get("spec/hits_wm") or 0 for r in rows),
                 "cache_hits": sum(r.get("spec/hits_cache") or 0 for r in rows),
+                "sibling_hits": sum(r.get("spec/hits_sibling") or 0 for r in rows),
+                "skips": {reason: sum(r.get(f"spec/skipped_{reason}") or 0 for r in rows)
+                          for reason in SKIP_REASONS},
+                "committed_delay_frac_max": max((r.get("committed_delay_frac") or 0.0 for r in rows), default=None),
                 "skipped_frac_mean": mean_of([r.get("spec/skipped_frac") for r in rows]),
                 "latency_saved_sec": saved, "rollout_sec": rollout_sec,
                 "latency_saved_frac": mean_of([r.get("latency_saved_frac") for r in rows]),

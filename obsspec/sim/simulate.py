@@ -73,6 +73,11 @@ def run_point(cfg: SimConfig, workload: list[list[SimTurn]]) -> dict:
         "rollbacks_gated": gc.get("rollback", 0) if gated else None,
         "spec_requests_admitted_gated": gated.spec_admitted if gated else None,
         "policy_tokens_wasted_gated": round(gated.wasted_tokens, 1) if gated else None,
+        # what speculation cost committed work (the engine's SchedulingStats) and the gate's
+        # cost share at the end of the run, ungated and gated
+        "delay_per_spec_s": spec.committed_delay_sec / spec.speculative_compute_sec
+        if spec.speculative_compute_sec else None,
+        "gate_cost_gated": gated.gate_cost if gated else None,
     }
 
 

@@ -161,7 +161,7 @@ def table(result: dict) -> str:
     """The rows as a markdown table."""
     keys = list(result["grid"])
     head = keys + ["reduction", "bound", "hit rate", "exec_won", "wasted tok", "regime",
-                   "gated", "skipped", "wasted tok gated", "regime gated"]
+                   "gated", "skipped", "wasted tok gated", "gate cost", "regime gated"]
     pct = lambda v: "-" if v is None else f"{100 * v:.1f} %"
     num = lambda v: "-" if v is None else f"{v:.0f}"
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -171,6 +171,7 @@ def table(result: dict) -> str:
                                         pct(r["reduction"]), pct(r["bound"]), pct(r["exact_frac"]),
                                         pct(r["exec_won_frac"]), num(r["policy_tokens_wasted"]), r["regime"],
                                         pct(r["reduction_gated"]), pct(skipped), num(r["policy_tokens_wasted_gated"]),
+                                        "-" if r["gate_cost_gated"] is None else f"{r['gate_cost_gated']:.2f}",
                                         r["regime_gated"] or "-"]) + " |")
     return "\n".join(lines)
 

@@ -152,8 +152,9 @@ class SpecSpec:
     gate: bool = doc(True, "Also simulate speculation behind the gate of obsspec/rollout/gate.py "
                            "(reduction_gated, regime_gated): a draft's speculative request starts only "
                            "when its expected gain is positive; a skipped draft costs no policy compute.")
-    gate_cost_share: float = doc(0.25, "The gate's share of a wasted speculative generation's compute "
-                                       "that lands on committed work (gate.py's cost_share).")
+    gate_cost_share: float = doc(0.25, "The gate's prior share of a wasted speculative generation's "
+                                       "time that lands on committed work (gate.py's cost_share), moved "
+                                       "by the simulated engine's measured delays.")
     gate_cost_basis: str = doc("compute", "What the gate's measured cost share divides the engine's "
                                           "committed delay by: compute = speculative compute "
                                           "(SchedulingStats.speculative_compute_sec, as the scheduler "

@@ -8,8 +8,9 @@ draft outcomes and confidences) on one shared engine sequentially, with every dr
 and, with `spec.gate`, behind the speculation gate; it reports the latency reduction
 `1 - sum(speculative latency) / sum(sequential latency)` of both (`reduction`,
 `reduction_gated`; as the rollout benchmark measures it), the bound of docs/ROLLOUT.md from the
-simulated sequential run, hits, rollbacks, exec_won, wasted tokens and the gate's skips by
-reason. A point is `helps` above +threshold, `hurts` below -threshold, `neutral` between
+simulated sequential run, hits, rollbacks, exec_won, wasted tokens, the gate's skips by reason,
+what speculation cost committed work (`delay_per_spec_s`) and the gate's measured cost share
+(`gate_cost_gated`). A point is `helps` above +threshold, `hurts` below -threshold, `neutral` between
 (`regime`, `regime_gated`). Writes simulate.json, simulate.png and summary.json under `out_dir`.
 """
 

@@ -13,9 +13,12 @@ search: the one (tool median, hit rate) on a finer grid that reproduces both num
 measured without a gate, so the search uses the ungated reduction.
 
 Every point is simulated without and with the speculation gate (obsspec/rollout/gate.py, the
-presets' defaults: cost_share 0.25, confidence without information). Then the regimes grid
-(h100-32b, hit rate 0.6, tool median x episodes per engine; its heat map, gated, is
-`--regimes`), the same grid under other gate settings (cost_share, confidence AUC), and the
+presets' defaults: cost_share 0.25 as the prior, moved by the engine's measured committed delay
+per second of speculative compute as the scheduler feeds it; confidence without information), and
+again gated with the cost measured per second of speculative request time
+(`spec.gate_cost_basis=request`). Then the regimes grid (h100-32b, hit rate 0.6, tool median x
+episodes per engine; its heat map, gated, is `--regimes`), the same grid under other gate
+settings (cost basis, cost_share prior, confidence AUC), and the
 cpu-tiny preset over tool x hit rate x concurrency, averaged over workload draws (one draw of
 its 32 short episodes moves by a few points when two requests change). Every cell whose gated
 regime is `hurts` is listed under `hurts_gated`.
@@ -37,7 +40,9 @@ GRID = {"tool.median_s": [1, 2, 3, 5, 7, 10], "spec.hit_rate": [0.4, 0.664, 0.8]
 JOINT = {"tool.median_s": [5, 6, 7, 8, 9, 10], "spec.hit_rate": [0.5, 0.55, 0.6, 0.664, 0.7]}
 REGIMES = {"tool.median_s": [0.5, 1, 2, 5, 10], "workload.episodes": [8, 16, 32, 64, 128]}
 REGIMES_AT = ["spec.hit_rate=0.6"]
-GATE_SETTINGS = [["spec.gate_cost_share=0"], ["spec.gate_cost_share=0.5"], ["spec.gate_cost_share=1"],
+REQUEST = ["spec.gate_cost_basis=request"]
+GATE_SETTINGS = [REQUEST, REQUEST + ["spec.confidence_auc=0.75"], ["spec.gate_cost_share=0"],
+                 ["spec.gate_cost_share=0.5"], ["spec.gate_cost_share=1"],
                  ["spec.confidence_auc=0.75"], ["spec.confidence_auc=1"]]
 CPU_TINY = {"tool.median_s": [0.3, 1, 3], "spec.hit_rate": [0, 0.5, 1], "workload.concurrency": [4, 32]}
 CPU_TINY_SEEDS = 6
@@ -77,7 +82,8 @@ def regimes(path: str = "") -> dict:
         out["settings"].append({"overrides": extra, **regime_counts(rows),
                                 "hurts_cells": [{k: r[k] for k in (*REGIMES, "reduction", "reduction_gated")}
                                                 for r in rows if r["regime_gated"] == "hurts"],
-                                "rows": [{k: r[k] for k in (*REGIMES, "reduction_gated", "regime_gated", "skips_gated")}
+                                "rows": [{k: r[k] for k in (*REGIMES, "reduction_gated", "regime_gated", "skips_gated",
+                                                            "gate_cost_gated")}
                                          for r in rows]})
     return out
 
@@ -112,10 +118,18 @@ def main() -> None:
     for name, target in PUBLISHED.items():
         r = simulate(preset(name), grid=GRID)
         near = [row for row in r["rows"] if abs(row["reduction"] - target) <= 0.015]
-        result[name] = {"rows": r["rows"], "published": target, "reproducing": near, "base": r["base"]}
+        request = simulate(preset(name), grid=GRID, overrides=REQUEST)["rows"]
+        for row, other in zip(r["rows"], request):
+            row["reduction_gated_request"] = other["reduction_gated"]
+            row["regime_gated_request"] = other["regime_gated"]
+            row["gate_cost_gated_request"] = other["gate_cost_gated"]
+        result[name] = {"rows": r["rows"], "published": target, "reproducing": near, "base": r["base"],
+                        **regime_counts(r["rows"]),
+                        "regimes_gated_request": regime_counts(request)["regimes_gated"]}
         for row in r["rows"]:
             print(json.dumps({"preset": name, **row}), flush=True)
         print(f"\n## {name} (published {100 * target:.1f} %)\n\n{table(r)}\n")
+        print(json.dumps({k: result[name][k] for k in ("regimes", "regimes_gated", "regimes_gated_request")}))
         print(f"within 1.5 points of {100 * target:.1f} %: " + "; ".join(
             f"T={x['tool.median_s']}s a={x['spec.hit_rate']} depth={x['spec.depth']}: {100 * x['reduction']:.1f} %"
             for x in near))
@@ -124,6 +138,7 @@ def main() -> None:
     reg, tiny = regimes(args.regimes), cpu_tiny()
     print(f"\n## regimes grid (h100-32b, {', '.join(REGIMES_AT)})\n\n"
           f"{table({'grid': REGIMES, 'rows': reg['rows']})}\n")
+    print(json.dumps(regime_counts(reg["rows"])))
     for s in reg["settings"]:
         print(json.dumps({k: s[k] for k in ("overrides", "regimes", "regimes_gated", "hurts_cells")}))
     print(f"\n## cpu-tiny, mean of {CPU_TINY_SEEDS} draws\n")
@@ -135,10 +150,14 @@ def main() -> None:
                                 ("regimes", reg["rows"]), ("cpu-tiny", tiny["rows"]))
              for r in rows if r["regime_gated"] == "hurts"]
     print("\ngated cells that hurt: " + (json.dumps(hurts) if hurts else "none"))
+    hurts_request = [{"grid": name, **{k: r[k] for k in (*GRID, "reduction", "reduction_gated_request")}}
+                     for name in PUBLISHED for r in result[name]["rows"] if r["regime_gated_request"] == "hurts"]
+    hurts_request += [{"grid": "regimes", **c} for c in reg["settings"][0]["hurts_cells"]]
+    print("gated cells that hurt, request basis: " + (json.dumps(hurts_request) if hurts_request else "none"))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({**provenance, **result, "joint": both, "regimes": reg, "cpu_tiny": tiny,
-                       "hurts_gated": hurts}, f, indent=2)
+                       "hurts_gated": hurts, "hurts_gated_request": hurts_request}, f, indent=2)
     if args.plot:
         plot(result, args.plot)
 
@@ -149,19 +168,23 @@ def plot(result: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    colors = dict(zip(GRID["spec.hit_rate"], ("tab:blue", "tab:orange", "tab:green")))
+    lines = (("reduction", "-", "ungated"), ("reduction_gated", "--", "gated"),
+             ("reduction_gated_request", ":", "gated, request basis"))
     for ax, (name, r) in zip(axes, ((n, result[n]) for n in PUBLISHED)):
-        for depth, ls in ((1, "-"), (2, "--")):
-            for a in GRID["spec.hit_rate"]:
-                sel = sorted((x for x in r["rows"] if x["spec.depth"] == depth and x["spec.hit_rate"] == a),
-                             key=lambda x: x["tool.median_s"])
-                ax.plot([x["tool.median_s"] for x in sel], [100 * x["reduction"] for x in sel], ls=ls,
-                        marker="o", label=f"a={a}, depth {depth}")
-        ax.axhline(100 * r["published"], color="black", lw=0.8, ls=":", label="published")
+        for a in GRID["spec.hit_rate"]:  # depth 1 (depth 2 is in the JSON and the table)
+            sel = sorted((x for x in r["rows"] if x["spec.depth"] == 1 and x["spec.hit_rate"] == a),
+                         key=lambda x: x["tool.median_s"])
+            for key, ls, what in lines:
+                ax.plot([x["tool.median_s"] for x in sel], [100 * x[key] for x in sel], ls=ls, marker="o",
+                        ms=3, color=colors[a], label=f"a={a}, {what}")
+        ax.axhline(100 * r["published"], color="black", lw=0.8, ls="-.", label="published")
+        ax.axhline(0, color="grey", lw=0.5)
         ax.set_xscale("log")
         ax.set_xticks(GRID["tool.median_s"], [str(t) for t in GRID["tool.median_s"]])
         ax.set_xlabel("tool latency median (s)")
-        ax.set_title(name, fontsize=9)
+        ax.set_title(f"{name}, depth 1", fontsize=9)
     axes[0].set_ylabel("simulated latency reduction (%)")
     axes[1].legend(fontsize=6)
     fig.tight_layout()

@@ -67,6 +67,31 @@ def test_low_priority_waits_for_committed_work_and_equal_priority_shares():
     assert drain(equal) == pytest.approx({"committed": 2.0, "spec": 2.0})
 
 
+def test_speculation_is_charged_to_committed_work_as_the_hf_engine_charges_it():
+    # equal: two rows share every step for 2 s; the speculative row's share of each step (1/2) is
+    # speculative compute and delays the committed request by as much (the linear share)
+    equal = FluidEngine(EngineSpec(single_tok_s=100, peak_tok_s=100, spec_priority="equal"))
+    equal.submit(100, 1, name="spec")
+    equal.submit(100, 0, name="committed")
+    drain(equal)
+    assert (equal.committed_delay_sec, equal.speculative_compute_sec, equal.speculative_row_sec) == \
+        pytest.approx((1.0, 1.0, 2.0)), "equal priority: the speculative row's share of each step is not charged"
+    # low: the speculation decodes after the committed request is done: it delays nothing
+    low = FluidEngine(EngineSpec(single_tok_s=100, peak_tok_s=100, spec_priority="low"))
+    low.submit(100, 1, name="spec")
+    low.submit(100, 0, name="committed")
+    drain(low)
+    assert (low.committed_delay_sec, low.speculative_compute_sec) == pytest.approx((0.0, 1.0))
+    # a promoted request is committed from its promotion: the delay before it is not counted
+    e = FluidEngine(EngineSpec(single_tok_s=100, peak_tok_s=100, spec_priority="equal"))
+    a = e.submit(100, 1, name="a")
+    e.submit(100, 1, name="b")
+    e.advance(1.0)
+    e.promote(a)
+    drain(e)
+    assert e.committed_delay_sec == pytest.approx(0.5) and e.speculative_compute_sec == pytest.approx(1.5)
+
+
 def test_cancelled_work_is_wasted_exactly():
     e = FluidEngine(EngineSpec(single_tok_s=100, peak_tok_s=100))
     r = e.submit(100, 1)
@@ -85,6 +110,9 @@ def test_a_speculative_prefill_runs_alone_to_its_end_and_delays_committed_work()
     e.submit(100, 0, prompt_tokens=100, name="committed")
     assert drain(e) == pytest.approx({"committed": 0.5 + 0.1 + 1.0, "spec": 2.6})
     assert e.prefill_sec == pytest.approx(0.6) and e.busy_sec == pytest.approx(2.6)
+    # the hf engine's scheduling stats: the committed request waited 0.4 s on the speculative pass
+    # in flight; speculative compute is that prefill and the speculation's decode alone
+    assert (e.committed_delay_sec, e.speculative_compute_sec) == pytest.approx((0.4, 0.5 + 1.0))
     # without prefill the committed request would pass the speculative one at once
     free = FluidEngine(EngineSpec(single_tok_s=100, peak_tok_s=100, spec_priority="low"))
     free.submit(100, 1, name="spec")
@@ -318,13 +346,46 @@ def test_draft_confidences_separate_hits_from_misses_with_the_configured_auc(auc
 
 
 def test_a_confident_gate_keeps_the_gain_and_skips_the_waste():
-    base = {"spec": {"hit_rate": 0.5}, "tool": {"median_s": 3.0}}
+    # the request basis: a cost share the gate's formula reads as a share of a generation's time
+    # (per second of speculative compute it is the number of committed requests delayed, and the
+    # gate then skips nearly everything, confident or not)
+    base = {"spec": {"hit_rate": 0.5, "gate_cost_basis": "request"}, "tool": {"median_s": 3.0}}
     blind, sharp = gated(**base), replace(gated(**base), spec={"confidence_auc": 1.0})
     rb, rs = run_point(blind, synthetic(blind)), run_point(sharp, synthetic(sharp))
     # a hit's confidence is 1 at auc 1, a miss's uniform: the gate's top bin (> 0.8) still holds a
     # fifth of the misses, so about that share of the waste stays
     assert rs["policy_tokens_wasted_gated"] < 0.35 * rb["policy_tokens_wasted_gated"]
     assert rs["reduction_gated"] >= rb["reduction_gated"] - 0.005
+
+
+BUSY_32B = {"single_tok_s": 45.0, "peak_tok_s": 1500.0, "max_batch": 128, "spec_priority": "equal"}
+
+
+@pytest.mark.parametrize("basis", ["compute", "request"])
+def test_a_saturated_equal_priority_engine_raises_the_measured_cost_and_the_gate_stops_the_loss(basis):
+    c = gated(engine=BUSY_32B, spec={"hit_rate": 0.3, "gate_cost_basis": basis}, tool={"median_s": 2.0},
+              workload={"episodes": 64, "turns": 8})
+    r = run_point(c, synthetic(c))
+    assert r["engine_busy_frac_sequential"] > 0.95 and r["reduction"] < -0.02, "precondition: speculation hurts here"
+    assert r["delay_per_spec_s"] > 1.0, f"speculation shares every step, yet delays {r['delay_per_spec_s']:.3f} s/s"
+    assert r["gate_cost_gated"] > 2 * c.spec.gate_cost_share, \
+        f"the measured delays left the gate's cost share at {r['gate_cost_gated']:.3f}, near its prior"
+    assert r["reduction_gated"] >= r["reduction"] and r["reduction_gated"] > -0.005, \
+        f"gated {r['reduction_gated']:.4f} vs ungated {r['reduction']:.4f}: the measured cost did not stop the loss"
+
+
+def test_low_priority_speculation_measures_a_cost_near_zero():
+    from obsspec.sim.presets import preset
+
+    # cpu-tiny: the hf engine's low priority, prefills that nothing interrupts
+    c = apply_overrides(preset("cpu-tiny"), ["spec.hit_rate=0.3"])
+    r = run_point(c, synthetic(c))
+    assert r["delay_per_spec_s"] < 0.1, f"low priority delayed committed work {r['delay_per_spec_s']:.3f} s/s"
+    assert r["gate_cost_gated"] < 0.5 * c.spec.gate_cost_share, \
+        f"the gate's cost share stayed at {r['gate_cost_gated']:.3f}, not moved towards the measured ~0"
+    # the same batch with speculation sharing the batch: the measure tells the two apart
+    eq = apply_overrides(c, ["engine.spec_priority=equal"])
+    assert run_point(eq, synthetic(eq))["delay_per_spec_s"] > 10 * max(r["delay_per_spec_s"], 0.01)
 
 
 # -- inputs ---------------------------------------------------------------------------------------------

@@ -19,6 +19,15 @@ or not) waits for the round to end. So a speculative prefill begun in idle time 
 work that arrives during it, and a request cancelled during its round is still prefilled.
 With `prefill_tok_s=0` prefill is free (its cost folded into the decode speed), as for vLLM's
 chunked prefill, which shares the batch.
+
+What speculation costs committed work is accounted as the hf engine accounts it
+(obsspec/engines/base.py SchedulingStats, hf.py `_charge`): `speculative_compute_sec` is engine
+time on speculative rows, a decode step of n rows of which k speculative counted k/n of it (the
+linear share) and a speculative prefill all of it; over that time every committed request, waiting
+or running, is delayed by the same amount, added to `committed_delay_sec` when it finishes. With
+`spec_priority=low` speculative rows decode only when no committed row does, so the delay comes
+only from a speculative prefill in flight; with `equal` each committed request is delayed by the
+speculative share of every step it shares.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ class Request:
     admitted: bool = False        # prefilled (or being prefilled): holds a place in the batch
     finished_at: float | None = None
     cancelled: bool = False
+    delay_mark: float = 0.0       # the engine's delay clock when it became committed
     meta: dict = field(default_factory=dict)
 
     @property
@@ -61,6 +71,12 @@ class FluidEngine:
         self.prefills = {0: 0, 1: 0}        # requests admitted, by the priority they had then
         self.tokens = {0: 0.0, 1: 0.0}      # tokens decoded, by the priority they had
         self.wasted_tokens = 0.0
+        # SchedulingStats: all live committed requests are delayed alike, so one clock of the
+        # delay per committed request serves them all (a request keeps its mark)
+        self.delay_clock = 0.0
+        self.committed_delay_sec = 0.0
+        self.speculative_compute_sec = 0.0
+        self.speculative_row_sec = 0.0      # engine time x speculative rows: each one's own time
 
     @property
     def requests(self) -> list[Request]:
@@ -126,6 +142,8 @@ class FluidEngine:
                 self.prefill_left -= dt
                 self.busy_sec += dt
                 self.prefill_sec += dt
+                if self.round[0].priority > 0:  # cancelled or not, it is prefilled
+                    self._charge(dt, 1.0, 1)
             if finish_one or self.prefill_left <= 1e-12:
                 self._end_prefill()
             return []
@@ -136,6 +154,9 @@ class FluidEngine:
                 r.done_tokens = min(r.tokens, r.done_tokens + step)
                 self.tokens[r.priority] += step
             self.busy_sec += dt
+            speculative = sum(r.priority > 0 for r in running)
+            if speculative:
+                self._charge(dt, speculative / len(running), speculative)
         if finish_one and running:
             first = min(running, key=lambda r: r.left)
             first.done_tokens = first.tokens
@@ -143,9 +164,21 @@ class FluidEngine:
         for r in done:
             r.finished_at = self.now
             self.decoding.remove(r)
+            self._settle(r)
         if done:
             self._admit()
         return done
+
+    def _charge(self, dt: float, share: float, rows: int) -> None:
+        """`dt` seconds of engine time on `rows` speculative rows, `share` of the pass."""
+        self.speculative_compute_sec += dt * share
+        self.speculative_row_sec += dt * rows
+        self.delay_clock += dt * share
+
+    def _settle(self, r: Request) -> None:
+        """A committed request leaves: its delay joins the scheduling stats."""
+        if r.priority == 0:
+            self.committed_delay_sec += self.delay_clock - r.delay_mark
 
     def _end_prefill(self) -> None:
         r = self.round.pop(0)
@@ -160,7 +193,7 @@ class FluidEngine:
     # -- what episodes do ---------------------------------------------------------------------
     def submit(self, tokens: float, priority: int, on_done=None, prompt_tokens: float = 0.0, **meta) -> Request:
         r = Request(max(tokens, 1e-6), priority, on_done, seq=next(self._seq), prompt_tokens=prompt_tokens,
-                    meta=meta)
+                    meta=meta, delay_mark=self.delay_clock)
         self.waiting.append(r)
         self._admit()
         return r
@@ -168,6 +201,7 @@ class FluidEngine:
     def promote(self, r: Request) -> None:
         """A speculation that matched: committed work from now on (keeps its place in line)."""
         r.priority = 0
+        r.delay_mark = self.delay_clock
         self._admit()
 
     def cancel(self, r: Request) -> float:
@@ -177,6 +211,7 @@ class FluidEngine:
         if r.cancelled:
             return 0.0
         r.cancelled = True
+        self._settle(r)
         for line in (self.waiting, self.decoding):
             if r in line:
                 line.remove(r)

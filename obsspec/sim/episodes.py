@@ -14,8 +14,10 @@ carries goes forward); every draft skipped by the gate -> `skipped`; otherwise `
 (everything speculative is cancelled, its tokens wasted); after the last two the action is
 generated as in the sequential run. The gate learns as the scheduler's does: every committed
 generation (G), every tool (T per command class) and every draft's outcome, skipped or not (p,
-from the draft's confidence, `SpecSpec.confidence`). Everything is deterministic given the
-workload.
+from the draft's confidence, `SpecSpec.confidence`) and, before each prediction's decisions, what
+speculation has cost committed work since the last (the engine's committed delay and speculative
+compute, `FluidEngine`, fed to `Gate.observe_cost` as the scheduler feeds the policy engine's
+SchedulingStats). Everything is deterministic given the workload.
 """
 
 from __future__ import annotations
@@ -89,6 +91,10 @@ class BatchResult:
     engine_busy_sec: float
     makespan: float
     spec_admitted: int = 0           # speculative requests admitted (prefilled) while speculative
+    committed_delay_sec: float = 0.0  # the engine's SchedulingStats (FluidEngine)
+    speculative_compute_sec: float = 0.0
+    speculative_row_sec: float = 0.0
+    gate_cost: float = 0.0           # the gate's cost share at the end (prior moved by the above)
     drafts: int = 0                  # drafts the gate decided on
     skips: dict = field(default_factory=dict)  # drafts the gate skipped, by reason
 
@@ -125,6 +131,7 @@ class _Batch:
         self.gate = Gate(enabled=s.gate, cost_share=s.gate_cost_share)
         self.skips = dict.fromkeys(SKIP_REASONS, 0)
         self.drafts = 0
+        self._stats = (0.0, 0.0)  # committed delay, speculative compute: last fed to the gate
 
     # -- the clock ------------------------------------------------------------------------------
     def at(self, t: float, fn, *args) -> None:
@@ -150,7 +157,11 @@ class _Batch:
         if len(self.finished) != len(self.workload):
             raise RuntimeError("simulation stalled with episodes unfinished (a bug of the simulator)")
         return BatchResult(self.results, eng.wasted_tokens, eng.tokens[0], eng.tokens[1], eng.busy_sec, eng.now,
-                           eng.prefills[1], self.drafts, {k: v for k, v in self.skips.items() if v})
+                           spec_admitted=eng.prefills[1], drafts=self.drafts,
+                           skips={k: v for k, v in self.skips.items() if v},
+                           committed_delay_sec=eng.committed_delay_sec,
+                           speculative_compute_sec=eng.speculative_compute_sec,
+                           speculative_row_sec=eng.speculative_row_sec, gate_cost=self.gate.cost())
 
     @property
     def now(self) -> float:
@@ -223,6 +234,11 @@ class _Batch:
         # a branch is the episode's own once its turn's tool runs; before (a deeper branch under
         # a speculative action) all of the tool's expected time is left
         elapsed = self.now - self.tool_start[e] if b is self.branch.get(e) else 0.0
+        eng = self.engine
+        stats = (eng.committed_delay_sec, eng.speculative_row_sec if self.cfg.spec.gate_cost_basis == "request"
+                 else eng.speculative_compute_sec)
+        self.gate.observe_cost(stats[0] - self._stats[0], stats[1] - self._stats[1])
+        self._stats = stats
         for j in range(self.cfg.spec.breadth):
             spec = _Spec(correct=hit and j == 0)
             b.specs.append(spec)

@@ -8,8 +8,9 @@ draft outcomes and confidences) on one shared engine sequentially, with every dr
 and, with `spec.gate`, behind the speculation gate; it reports the latency reduction
 `1 - sum(speculative latency) / sum(sequential latency)` of both (`reduction`,
 `reduction_gated`; as the rollout benchmark measures it), the bound of docs/ROLLOUT.md from the
-simulated sequential run, hits, rollbacks, exec_won, wasted tokens and the gate's skips by
-reason. A point is `helps` above +threshold, `hurts` below -threshold, `neutral` between
+simulated sequential run, hits, rollbacks, exec_won, wasted tokens, the gate's skips by reason,
+what speculation cost committed work (`delay_per_spec_s`) and the gate's measured cost share
+(`gate_cost_gated`). A point is `helps` above +threshold, `hurts` below -threshold, `neutral` between
 (`regime`, `regime_gated`). Writes simulate.json, simulate.png and summary.json under `out_dir`.
 """
 
@@ -73,6 +74,11 @@ def run_point(cfg: SimConfig, workload: list[list[SimTurn]]) -> dict:
         "rollbacks_gated": gc.get("rollback", 0) if gated else None,
         "spec_requests_admitted_gated": gated.spec_admitted if gated else None,
         "policy_tokens_wasted_gated": round(gated.wasted_tokens, 1) if gated else None,
+        # what speculation cost committed work (the engine's SchedulingStats) and the gate's
+        # cost share at the end of the run, ungated and gated
+        "delay_per_spec_s": spec.committed_delay_sec / spec.speculative_compute_sec
+        if spec.speculative_compute_sec else None,
+        "gate_cost_gated": gated.gate_cost if gated else None,
     }
 
 
@@ -156,7 +162,7 @@ def table(result: dict) -> str:
     """The rows as a markdown table."""
     keys = list(result["grid"])
     head = keys + ["reduction", "bound", "hit rate", "exec_won", "wasted tok", "regime",
-                   "gated", "skipped", "wasted tok gated", "regime gated"]
+                   "gated", "skipped", "wasted tok gated", "gate cost", "regime gated"]
     pct = lambda v: "-" if v is None else f"{100 * v:.1f} %"
     num = lambda v: "-" if v is None else f"{v:.0f}"
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -166,6 +172,7 @@ def table(result: dict) -> str:
                                         pct(r["reduction"]), pct(r["bound"]), pct(r["exact_frac"]),
                                         pct(r["exec_won_frac"]), num(r["policy_tokens_wasted"]), r["regime"],
                                         pct(r["reduction_gated"]), pct(skipped), num(r["policy_tokens_wasted_gated"]),
+                                        "-" if r["gate_cost_gated"] is None else f"{r['gate_cost_gated']:.2f}",
                                         r["regime_gated"] or "-"]) + " |")
     return "\n".join(lines)
 

@@ -43,6 +43,15 @@ def prompt(n: int, start: int = 1) -> list[int]:
     return [(start + 7 * i) % VOCAB for i in range(n)]
 
 
+async def until(condition, what: str, timeout: float = 10.0) -> None:
+    """Poll `condition` until it holds; fail (rather than hang) after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.001)
+
+
 def reference_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
     with torch.inference_mode():
         ids = torch.tensor([prompt_ids])
@@ -566,7 +575,7 @@ def test_committed_work_never_queues_behind_speculative_work(model, batch_invari
     while it does (but the one in flight when it arrived), the speculative rows resume after it,
     and it samples exactly what it samples alone."""
     committed = GenerationRequest(prompt(9), max_new_tokens=30, temperature=0.8, seed=4)
-    specs = [GenerationRequest(prompt(6, start=40 + i), max_new_tokens=1500, temperature=0,
+    specs = [GenerationRequest(prompt(6, start=40 + i), max_new_tokens=500, temperature=0,
                                priority=1, request_id=f"s{i}") for i in range(2)]
 
     def steps(engine):
@@ -576,16 +585,16 @@ def test_committed_work_never_queues_behind_speculative_work(model, batch_invari
         async with HFEngine(model, batch_invariant=batch_invariant, max_batch_size=2) as engine:
             solo = await engine.generate(committed)
             tasks = [asyncio.create_task(engine.generate(r)) for r in specs]
-            while min(engine.decode_steps(r.request_id) or 0 for r in specs) < 3:
-                await asyncio.sleep(0.001)
+            await until(lambda: min(engine.decode_steps(r.request_id) or 0 for r in specs) >= 3,
+                        "both speculative requests decode")
             before = engine.stats.decode_steps
             together = await engine.generate(dataclasses.replace(committed, request_id="c"))
             # forward passes for speculative rows while the committed request was in the engine
             stepped = engine.stats.decode_steps - before - engine.decode_steps("c")
             after = steps(engine)
             blocked = any(t.done() for t in tasks)
-            while steps(engine) == after:  # resumed once the engine is otherwise idle
-                await asyncio.sleep(0.001)
+            if not blocked:
+                await until(lambda: steps(engine) > after, "speculative rows resume")
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -610,11 +619,10 @@ def test_promote_moves_a_speculative_row_with_its_cache_to_committed_work(model)
     async def main():
         async with HFEngine(model) as engine:
             ta, tb = asyncio.create_task(engine.generate(a)), asyncio.create_task(engine.generate(b))
-            while (engine.decode_steps("a") or 0) < 5:
-                await asyncio.sleep(0.001)
+            await until(lambda: (engine.decode_steps("a") or 0) >= 5, "a decodes")
             assert engine.promote("a")
             at_promote = engine.decode_steps("b")
-            gen_a = await ta
+            gen_a = await asyncio.wait_for(ta, 10)
             at_finish = engine.decode_steps("b")
             return gen_a, await tb, at_finish - at_promote, engine.stats
 

@@ -43,6 +43,15 @@ def prompt(n: int, start: int = 1) -> list[int]:
     return [(start + 7 * i) % VOCAB for i in range(n)]
 
 
+async def until(condition, what: str, timeout: float = 10.0) -> None:
+    """Poll `condition` until it holds; fail (rather than hang) after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.001)
+
+
 def reference_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
     with torch.inference_mode():
         ids = torch.tensor([prompt_ids])
@@ -559,41 +568,49 @@ def test_low_priority_work_waits_for_normal_work_and_promote_lifts_it(model, bat
     assert same and promoted_first
 
 
+def passes_seen(engine, *request_ids):
+    """Record, at the start of every forward pass of `engine`'s model (in the worker thread, so
+    race-free), the decode steps each request has taken so far (None: not in the engine)."""
+    log: list[tuple[int | None, ...]] = []
+    engine.model.register_forward_pre_hook(
+        lambda module, args: log.append(tuple(engine.decode_steps(i) for i in request_ids)))
+    return log
+
+
 @pytest.mark.parametrize("batch_invariant", [True, False])
 def test_committed_work_never_queues_behind_speculative_work(model, batch_invariant):
     """Invariant: with every slot taken by speculative rows, a committed request is admitted at
-    once (speculative rows hold no slot of committed work), no speculative decode step runs
-    while it does (but the one in flight when it arrived), the speculative rows resume after it,
-    and it samples exactly what it samples alone."""
+    once (speculative rows hold no slot of committed work), no speculative decode step starts
+    from its arrival to its end, the speculative rows resume after it, and it samples exactly
+    what it samples alone."""
     committed = GenerationRequest(prompt(9), max_new_tokens=30, temperature=0.8, seed=4)
-    specs = [GenerationRequest(prompt(6, start=40 + i), max_new_tokens=1500, temperature=0,
+    specs = [GenerationRequest(prompt(6, start=40 + i), max_new_tokens=500, temperature=0,
                                priority=1, request_id=f"s{i}") for i in range(2)]
 
-    def steps(engine):
-        return sum(engine.decode_steps(r.request_id) or 0 for r in specs)
-
     async def main():
-        async with HFEngine(model, batch_invariant=batch_invariant, max_batch_size=2) as engine:
+        async with HFEngine(copy.deepcopy(model), batch_invariant=batch_invariant,
+                            max_batch_size=2) as engine:
             solo = await engine.generate(committed)
+            log = passes_seen(engine, "c", "s0", "s1")
             tasks = [asyncio.create_task(engine.generate(r)) for r in specs]
-            while min(engine.decode_steps(r.request_id) or 0 for r in specs) < 3:
-                await asyncio.sleep(0.001)
-            before = engine.stats.decode_steps
+            await until(lambda: min(engine.decode_steps(r.request_id) or 0 for r in specs) >= 3,
+                        "both speculative requests decode")
             together = await engine.generate(dataclasses.replace(committed, request_id="c"))
-            # forward passes for speculative rows while the committed request was in the engine
-            stepped = engine.stats.decode_steps - before - engine.decode_steps("c")
-            after = steps(engine)
             blocked = any(t.done() for t in tasks)
-            while steps(engine) == after:  # resumed once the engine is otherwise idle
-                await asyncio.sleep(0.001)
+            if not blocked:
+                resumed = len(log)
+                await until(lambda: len(log) > resumed + 2, "speculative rows resume")
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            return solo, together, stepped, blocked
+            return solo, together, log, blocked
 
-    solo, together, stepped, blocked = run(main())
+    solo, together, log, blocked = run(main())
     assert not blocked, "the committed request waited for speculative work to finish"
-    assert stepped <= 1, f"speculative rows took {stepped} decode passes while committed work ran"
+    last = len(together.token_ids) - 1  # its decode steps: the first token comes from prefill
+    spec_steps = {s0 + s1 for c, s0, s1 in log if c is not None and c < last}
+    assert len(spec_steps) == 1, "speculative rows decoded while committed work was in the engine"
+    assert log[-1][1] + log[-1][2] > spec_steps.pop(), "speculative rows never resumed"
     assert together.token_ids == solo.token_ids
     assert together.logprobs == solo.logprobs, "a committed row shared a pass with speculative rows"
 
@@ -608,19 +625,19 @@ def test_promote_moves_a_speculative_row_with_its_cache_to_committed_work(model)
                           request_id="b")
 
     async def main():
-        async with HFEngine(model) as engine:
+        async with HFEngine(copy.deepcopy(model)) as engine:
+            log = passes_seen(engine, "a", "b")
             ta, tb = asyncio.create_task(engine.generate(a)), asyncio.create_task(engine.generate(b))
-            while (engine.decode_steps("a") or 0) < 5:
-                await asyncio.sleep(0.001)
+            await until(lambda: (engine.decode_steps("a") or 0) >= 5, "a decodes")
             assert engine.promote("a")
-            at_promote = engine.decode_steps("b")
-            gen_a = await ta
-            at_finish = engine.decode_steps("b")
-            return gen_a, await tb, at_finish - at_promote, engine.stats
+            at_promote = engine.decode_steps("a")
+            return await asyncio.wait_for(ta, 10), await tb, at_promote, log, engine.stats
 
-    gen_a, gen_b, b_steps, stats = run(main())
+    gen_a, gen_b, at_promote, log, stats = run(main())
     assert stats.largest_batch == 2, "the two speculative requests never shared a batch"
-    assert b_steps <= 1, f"the speculative row decoded {b_steps} steps beside promoted work"
+    # passes that started after the one in flight at `promote`, until a's last one
+    b_steps = {b for a_, b in log if a_ is not None and at_promote < a_ < len(gen_a.token_ids) - 1}
+    assert len(b_steps) == 1, "the speculative row decoded beside promoted work"
     assert list(gen_a.token_ids) == reference_greedy(model, list(a.prompt_ids), 40)
     assert list(gen_b.token_ids) == reference_greedy(model, list(b.prompt_ids), 60)
     torch.testing.assert_close(torch.tensor(gen_a.logprobs),

@@ -14,11 +14,9 @@ measured without a gate, so the search uses the ungated reduction.
 
 Every point is simulated without and with the speculation gate (obsspec/rollout/gate.py, the
 presets' defaults: cost_share 0.25 as the prior, moved by the engine's measured committed delay
-per second of speculative compute as the scheduler feeds it; confidence without information), and
-again gated with the cost measured per second of speculative request time
-(`spec.gate_cost_basis=request`). Then the regimes grid (h100-32b, hit rate 0.6, tool median x
+per speculative generation as the scheduler feeds it; confidence without information). Then the regimes grid (h100-32b, hit rate 0.6, tool median x
 episodes per engine; its heat map, gated, is `--regimes`), the same grid under other gate
-settings (cost basis, cost_share prior, confidence AUC), and the
+settings (cost_share prior, confidence AUC), and the
 cpu-tiny preset over tool x hit rate x concurrency, averaged over workload draws (one draw of
 its 32 short episodes moves by a few points when two requests change). Every cell whose gated
 regime is `hurts` is listed under `hurts_gated`.
@@ -40,8 +38,7 @@ GRID = {"tool.median_s": [1, 2, 3, 5, 7, 10], "spec.hit_rate": [0.4, 0.664, 0.8]
 JOINT = {"tool.median_s": [5, 6, 7, 8, 9, 10], "spec.hit_rate": [0.5, 0.55, 0.6, 0.664, 0.7]}
 REGIMES = {"tool.median_s": [0.5, 1, 2, 5, 10], "workload.episodes": [8, 16, 32, 64, 128]}
 REGIMES_AT = ["spec.hit_rate=0.6"]
-REQUEST = ["spec.gate_cost_basis=request"]
-GATE_SETTINGS = [REQUEST, REQUEST + ["spec.confidence_auc=0.75"], ["spec.gate_cost_share=0"],
+GATE_SETTINGS = [["spec.gate_cost_share=0"],
                  ["spec.gate_cost_share=0.5"], ["spec.gate_cost_share=1"],
                  ["spec.confidence_auc=0.75"], ["spec.confidence_auc=1"]]
 CPU_TINY = {"tool.median_s": [0.3, 1, 3], "spec.hit_rate": [0, 0.5, 1], "workload.concurrency": [4, 32]}
@@ -118,18 +115,12 @@ def main() -> None:
     for name, target in PUBLISHED.items():
         r = simulate(preset(name), grid=GRID)
         near = [row for row in r["rows"] if abs(row["reduction"] - target) <= 0.015]
-        request = simulate(preset(name), grid=GRID, overrides=REQUEST)["rows"]
-        for row, other in zip(r["rows"], request):
-            row["reduction_gated_request"] = other["reduction_gated"]
-            row["regime_gated_request"] = other["regime_gated"]
-            row["gate_cost_gated_request"] = other["gate_cost_gated"]
         result[name] = {"rows": r["rows"], "published": target, "reproducing": near, "base": r["base"],
-                        **regime_counts(r["rows"]),
-                        "regimes_gated_request": regime_counts(request)["regimes_gated"]}
+                        **regime_counts(r["rows"])}
         for row in r["rows"]:
             print(json.dumps({"preset": name, **row}), flush=True)
         print(f"\n## {name} (published {100 * target:.1f} %)\n\n{table(r)}\n")
-        print(json.dumps({k: result[name][k] for k in ("regimes", "regimes_gated", "regimes_gated_request")}))
+        print(json.dumps({k: result[name][k] for k in ("regimes", "regimes_gated")}))
         print(f"within 1.5 points of {100 * target:.1f} %: " + "; ".join(
             f"T={x['tool.median_s']}s a={x['spec.hit_rate']} depth={x['spec.depth']}: {100 * x['reduction']:.1f} %"
             for x in near))
@@ -150,14 +141,10 @@ def main() -> None:
                                 ("regimes", reg["rows"]), ("cpu-tiny", tiny["rows"]))
              for r in rows if r["regime_gated"] == "hurts"]
     print("\ngated cells that hurt: " + (json.dumps(hurts) if hurts else "none"))
-    hurts_request = [{"grid": name, **{k: r[k] for k in (*GRID, "reduction", "reduction_gated_request")}}
-                     for name in PUBLISHED for r in result[name]["rows"] if r["regime_gated_request"] == "hurts"]
-    hurts_request += [{"grid": "regimes", **c} for c in reg["settings"][0]["hurts_cells"]]
-    print("gated cells that hurt, request basis: " + (json.dumps(hurts_request) if hurts_request else "none"))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({**provenance, **result, "joint": both, "regimes": reg, "cpu_tiny": tiny,
-                       "hurts_gated": hurts, "hurts_gated_request": hurts_request}, f, indent=2)
+                       "hurts_gated": hurts}, f, indent=2)
     if args.plot:
         plot(result, args.plot)
 
@@ -170,8 +157,7 @@ def plot(result: dict, path: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     colors = dict(zip(GRID["spec.hit_rate"], ("tab:blue", "tab:orange", "tab:green")))
-    lines = (("reduction", "-", "ungated"), ("reduction_gated", "--", "gated"),
-             ("reduction_gated_request", ":", "gated, request basis"))
+    lines = (("reduction", "-", "ungated"), ("reduction_gated", "--", "gated"))
     for ax, (name, r) in zip(axes, ((n, result[n]) for n in PUBLISHED)):
         for a in GRID["spec.hit_rate"]:  # depth 1 (depth 2 is in the JSON and the table)
             sel = sorted((x for x in r["rows"] if x["spec.depth"] == 1 and x["spec.hit_rate"] == a),

@@ -7,9 +7,9 @@ from obsspec.rollout.gate import Gate, confidence_bin, expected_gain
 
 
 def test_expected_gain_is_the_hidden_time_of_a_hit_minus_the_cost_of_a_miss():
-    assert expected_gain(1.0, 0.5, 2.0, 0.25) == pytest.approx(0.5)      # a sure hit hides G
-    assert expected_gain(1.0, 0.5, 0.1, 0.25) == pytest.approx(0.1)      # ... at most the tool's time left
-    assert expected_gain(0.0, 0.5, 2.0, 0.25) == pytest.approx(-0.125)   # a sure miss costs G * share
+    assert expected_gain(1.0, 0.5, 2.0, 0.125) == pytest.approx(0.5)      # a sure hit hides G
+    assert expected_gain(1.0, 0.5, 0.1, 0.125) == pytest.approx(0.1)      # ... at most the tool's time left
+    assert expected_gain(0.0, 0.5, 2.0, 0.125) == pytest.approx(-0.125)   # a sure miss costs its delay
     assert expected_gain(0.2, 0.5, 2.0, 0.0) > 0                          # free speculation always goes
 
 
@@ -62,14 +62,14 @@ def test_bad_gate_settings_are_refused(bad):
         Gate(**bad)
 
 
-def test_the_cost_share_follows_the_engine_measurement():
-    gate = Gate(cost_share=0.25)
-    assert gate.cost() == pytest.approx(0.25)
-    gate.observe_cost(delay_s=0.0, speculative_s=18.0)        # preempted speculation: free
-    assert gate.cost() < 0.03
-    busy = Gate(cost_share=0.25)
-    busy.observe_cost(delay_s=18.0, speculative_s=18.0)       # every speculative second lost
-    assert busy.cost() > 0.9
+def test_the_delay_of_a_speculative_generation_follows_the_engine_measurement():
+    gate = Gate(cost_share=0.25, prior_gen_s=0.4)
+    assert gate.delay_s() == pytest.approx(0.1)               # the prior: cost_share x G
+    gate.observe_cost(delay_s=0.0, generations=40)            # preempted speculation: free
+    assert gate.delay_s() < 0.01
+    busy = Gate(cost_share=0.25, prior_gen_s=0.4)
+    busy.observe_cost(delay_s=16.0, generations=40)           # each one delayed committed work by G
+    assert busy.delay_s() > 0.35
     # the same draft goes on the first engine and not on the second
     for g in (gate, busy):
         for _ in range(6):

@@ -122,13 +122,13 @@ class RolloutConfig:
                              "0 = always speculate.")
     gate: bool = doc(True, "Start a draft's speculative action only when its expected gain is "
                            "positive: p(hit) x min(generation time, tool time left) > (1 - p) x "
-                           "generation time x gate_cost_share, with p calibrated online per draft "
+                           "the committed delay a speculative generation causes, with p calibrated online per draft "
                            "source, command class and draft confidence (docs/ROLLOUT.md, \"The gate\"). "
                            "Timing only, never tokens.")
-    gate_cost_share: float = doc(0.25, "The share of a wasted speculative generation's time assumed to "
-                                       "delay committed work (0: speculation is free, as with preemption "
-                                       "on a device of its own; 1: every wasted second is lost). The "
-                                       "rollout summary's committed_delay_frac is the engine's measured share.")
+    gate_cost_share: float = doc(0.25, "Prior of the committed delay a speculative generation causes, as "
+                                       "a share of a generation's time (0: free, as with preemption; 1: "
+                                       "a whole generation lost). Worth 2 generations: where the policy "
+                                       "engine measures its delays (hf engine) the measurement takes over.")
     tasks_dir: str = doc("", "A prepared suite; '' = RUN_DIR/tasks (prepared on first use).")
     kit_cache: str = doc(".cache/kit", "Where the tiny model kit is cached.")
     seed: int = doc(0, "Seed of the per-(episode, turn) sampling seeds.")

@@ -7,7 +7,7 @@
 
 A draft that arrives while its command still runs is worth, in seconds of episode time,
 
-    gain = p * min(G, T_left)  -  (1 - p) * G * cost_share
+    gain = p * min(G, T_left)  -  (1 - p) * D
 
 - p        the calibrated probability that the draft equals the real output token for token:
            a Beta estimate over this run's drafts of the same source, command class and
@@ -17,12 +17,13 @@ A draft that arrives while its command still runs is worth, in seconds of episod
 - G        the mean committed policy generation time so far: what a hit hides at most;
 - T_left   the tool's expected time left (mean tool time of the class so far, minus what
            has elapsed): a hit cannot hide more than the tool still takes;
-- cost_share  the share of a wasted speculative generation's time that lands on committed
-           work: preempted, low-priority speculation costs ~0, a saturated first-come engine ~1.
-           The configured value is a prior worth COST_PRIOR_S seconds of speculation; where the
-           policy engine measures it (obsspec/engines/base.py SchedulingStats: committed delay
-           per second of speculative compute), the scheduler feeds the measurement in
-           (`observe_cost`) and the estimate follows the engine.
+- D        the committed time a speculative generation delays, summed over the committed
+           requests it delays (a wasted one is pure loss): preempted, low-priority speculation
+           costs ~0, on a saturated first-come engine it costs about G. The prior is
+           cost_share * G, worth COST_PRIOR_GENERATIONS generations; where the policy engine
+           measures its delays (obsspec/engines/base.py SchedulingStats.committed_delay_sec), the
+           scheduler feeds them in with the number of speculative generations that caused them
+           (`observe_cost`), and the estimate follows the engine.
 
 The gate changes timing only, never tokens: a skipped draft is still compared with the real
 output (so the calibration keeps learning), and the next action is generated on the real
@@ -39,13 +40,14 @@ HIGH_PRIOR = 0.9        # prior hit rate of exact replays (history cache, siblin
 DEFAULT_PRIOR = 0.5     # prior hit rate of a draft with no confidence of its own
 CONFIDENCE_BINS = (0.2, 0.4, 0.6, 0.8)  # upper edges of the confidence bins (the last is 1.0)
 SKIP_REASONS = ("busy", "no_time", "low_gain")
-COST_PRIOR_S = 2.0      # seconds of speculative compute the configured cost share is worth
+COST_PRIOR_GENERATIONS = 2  # speculative generations the configured cost share is worth
 
 
-def expected_gain(p_hit: float, gen_s: float, tool_left_s: float, cost_share: float) -> float:
-    """Seconds a speculation is expected to save (negative: expected to cost)."""
+def expected_gain(p_hit: float, gen_s: float, tool_left_s: float, delay_s: float) -> float:
+    """Seconds a speculation is expected to save (negative: expected to cost): a hit hides up to
+    the generation or the tool's time left, a miss delays committed work by `delay_s`."""
     hide = max(0.0, min(gen_s, tool_left_s))
-    return p_hit * hide - (1.0 - p_hit) * gen_s * cost_share
+    return p_hit * hide - (1.0 - p_hit) * delay_s
 
 
 def confidence_bin(confidence: float | None) -> int:
@@ -105,7 +107,7 @@ class Gate:
         self._tool: dict[str, _Mean] = defaultdict(_Mean)
         self._tool_all = _Mean()
         self._gen = _Mean()
-        self._delay_s = self._spec_s = 0.0
+        self._delay_s, self._spec_n = 0.0, 0
 
     # -- estimates -------------------------------------------------------------------------------
     def p_hit(self, source: str, cls: str, confidence: float | None) -> float:
@@ -121,9 +123,10 @@ class Gate:
             return m.get(self.prior_tool_s)
         return self._tool_all.get(self.prior_tool_s)
 
-    def cost(self) -> float:
-        """The cost share: the configured prior, moved by the engine's measured delays."""
-        return (self._delay_s + self.cost_share * COST_PRIOR_S) / (self._spec_s + COST_PRIOR_S)
+    def delay_s(self) -> float:
+        """D: committed delay per speculative generation, the prior moved by measurements."""
+        k = COST_PRIOR_GENERATIONS
+        return (self._delay_s + k * self.cost_share * self.gen_s()) / (self._spec_n + k)
 
     def gen_s(self) -> float:
         return self._gen.get(self.prior_gen_s)
@@ -132,7 +135,7 @@ class Gate:
     def decide(self, *, source: str, cls: str, confidence: float | None, elapsed_s: float) -> Decision:
         p = self.p_hit(source, cls, confidence)
         left = max(0.0, self.tool_s(cls) - elapsed_s)
-        gain = expected_gain(p, self.gen_s(), left, self.cost())
+        gain = expected_gain(p, self.gen_s(), left, self.delay_s())
         if not self.enabled or gain > 0:
             reason = ""
         else:
@@ -151,11 +154,11 @@ class Gate:
             m.total += seconds
             m.n += 1
 
-    def observe_cost(self, delay_s: float, speculative_s: float) -> None:
-        """Committed work delayed by `delay_s` while the engine spent `speculative_s` on
-        speculative work (differences of the engine's SchedulingStats)."""
+    def observe_cost(self, delay_s: float, generations: int) -> None:
+        """Committed work was delayed by `delay_s` (a difference of the engine's SchedulingStats)
+        while `generations` speculative generations started."""
         self._delay_s += max(0.0, delay_s)
-        self._spec_s += max(0.0, speculative_s)
+        self._spec_n += max(0, generations)
 
     def observe_generation(self, seconds: float) -> None:
         self._gen.total += seconds

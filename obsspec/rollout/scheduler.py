@@ -103,6 +103,7 @@ class Scheduler:
         self.busy = 0  # committed policy generations in flight, over all episodes
         self.gate = gate or Gate(enabled=False)  # (disabled, it still keeps the estimates)
         self._stats = policy.scheduling_stats()  # what the gate has been told of the engine's costs
+        self._spec_started = 0                   # speculative generations started since then
         self._wm_ids = itertools.count()
 
     # -- one episode ------------------------------------------------------------------------------
@@ -333,9 +334,8 @@ class Scheduler:
         elapsed = self.bus.now() - started if started is not None else 0.0
         stats = self.policy.scheduling_stats()
         if stats.measured:
-            cost = stats - self._stats
-            self.gate.observe_cost(cost.committed_delay_sec, cost.speculative_compute_sec)
-            self._stats = stats
+            self.gate.observe_cost((stats - self._stats).committed_delay_sec, self._spec_started)
+            self._stats, self._spec_started = stats, 0
         for k, (draft, ids, body) in enumerate(drafts):
             decision = self.gate.decide(source=draft.source, cls=cls, confidence=draft.confidence,
                                         elapsed_s=elapsed)
@@ -347,6 +347,7 @@ class Scheduler:
                 # Low priority: speculation only uses compute that committed work leaves idle.
                 req = self._request(prompt, episode, turn + 1, priority=1)
                 self.bus.emit("spec_start", episode, turn + 1, request_id=req.request_id, draft=k)
+                self._spec_started += 1
                 spec.request_id = req.request_id
                 spec.task = scope.spawn(self._generate(prompt, episode, turn + 1, True, req))
                 scope.open.add(spec)

@@ -152,15 +152,9 @@ class SpecSpec:
     gate: bool = doc(True, "Also simulate speculation behind the gate of obsspec/rollout/gate.py "
                            "(reduction_gated, regime_gated): a draft's speculative request starts only "
                            "when its expected gain is positive; a skipped draft costs no policy compute.")
-    gate_cost_share: float = doc(0.25, "The gate's prior share of a wasted speculative generation's "
-                                       "time that lands on committed work (gate.py's cost_share), moved "
-                                       "by the simulated engine's measured delays.")
-    gate_cost_basis: str = doc("compute", "What the gate's measured cost share divides the engine's "
-                                          "committed delay by: compute = speculative compute "
-                                          "(SchedulingStats.speculative_compute_sec, as the scheduler "
-                                          "feeds it); request = the time speculative requests spend in "
-                                          "the engine's passes, each counted (what a wasted generation "
-                                          "of G seconds occupies).")
+    gate_cost_share: float = doc(0.25, "The gate's prior committed delay per speculative generation, as a "
+                                       "share of a generation's time (gate.py's cost_share), moved by the "
+                                       "simulated engine's measured delays per speculative request.")
     confidence_auc: float = doc(0.5, "How well a draft's confidence separates hits from misses, as an "
                                      "AUC in [0.5, 1]: 0.5 = no information, 1 = every hit above every "
                                      "miss. A miss's confidence is uniform on [0, 1], a hit's has CDF "
@@ -171,8 +165,6 @@ class SpecSpec:
             raise SimError(f"spec.hit_rate must be in [0, 1] (got {self.hit_rate})")
         if not 0.0 <= self.gate_cost_share < math.inf:
             raise SimError(f"spec.gate_cost_share must be a number >= 0 (got {self.gate_cost_share})")
-        if self.gate_cost_basis not in ("compute", "request"):
-            raise SimError(f"spec.gate_cost_basis must be compute or request (got {self.gate_cost_basis!r})")
         if not 0.5 <= self.confidence_auc <= 1.0:
             raise SimError(f"spec.confidence_auc must be in [0.5, 1] (got {self.confidence_auc}; "
                            "0.5 = confidence carries no information)")

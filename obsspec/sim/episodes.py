@@ -161,7 +161,7 @@ class _Batch:
                            skips={k: v for k, v in self.skips.items() if v},
                            committed_delay_sec=eng.committed_delay_sec,
                            speculative_compute_sec=eng.speculative_compute_sec,
-                           speculative_row_sec=eng.speculative_row_sec, gate_cost=self.gate.cost())
+                           speculative_row_sec=eng.speculative_row_sec, gate_cost=self.gate.delay_s())
 
     @property
     def now(self) -> float:
@@ -235,8 +235,7 @@ class _Batch:
         # a speculative action) all of the tool's expected time is left
         elapsed = self.now - self.tool_start[e] if b is self.branch.get(e) else 0.0
         eng = self.engine
-        stats = (eng.committed_delay_sec, eng.speculative_row_sec if self.cfg.spec.gate_cost_basis == "request"
-                 else eng.speculative_compute_sec)
+        stats = (eng.committed_delay_sec, eng.prefills[1])
         self.gate.observe_cost(stats[0] - self._stats[0], stats[1] - self._stats[1])
         self._stats = stats
         for j in range(self.cfg.spec.breadth):

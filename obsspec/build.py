@@ -18,6 +18,7 @@ import json
 import os
 
 from obsspec.config import Recipe
+from obsspec.rollout.config import PolicyConfig
 from obsspec.env.suite import prepare_tasks, suite_settings
 from obsspec.env.task import Task
 from obsspec.progress import Display
@@ -83,7 +84,9 @@ def make_engine(cfg, path: str, max_batch_size: int = 32, **hf_options):
 
         from obsspec.engines.vllm import VLLMEngine
 
-        return VLLMEngine(cfg.server_url, path), AutoTokenizer.from_pretrained(path)
+        # (a world model's drafts are all committed work of their own server: no priorities)
+        priority = isinstance(cfg, PolicyConfig) and cfg.priority_scheduling
+        return VLLMEngine(cfg.server_url, path, priority_scheduling=priority), AutoTokenizer.from_pretrained(path)
     from obsspec.engines.hf import HFEngine
     from obsspec.models.tiny import load_pretrained
 

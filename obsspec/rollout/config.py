@@ -22,6 +22,9 @@ class PolicyConfig:
                               "model folder, or a hub name (GPU recipes).")
     engine: str = doc("hf", "hf (transformers, CPU or GPU) or vllm (a vLLM server, GPU).")
     server_url: str = doc("", "With engine=vllm: the vLLM server's base URL (http://host:port).")
+    priority_scheduling: bool = doc(False, "With engine=vllm: the server runs with --scheduling-policy "
+                                           "priority, and speculative generations are sent at a lower "
+                                           "priority than committed ones (vLLM refuses a priority otherwise).")
     batch_invariant: bool = doc(True, "Per-request forward passes: results never depend on the "
                                        "batch (needed for bit-exact losslessness; slower).")
     max_batch_size: int = doc(32, "Requests decoded together.")

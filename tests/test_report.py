@@ -22,7 +22,8 @@ from rundirs import rollout_dir, training_dir
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (make test installs it)")
-PLOTS = ["hit_rate.png", "latency_breakdown.png", "timeline.png", "wasted_tokens.png", "spec_vs_seq.png"]
+PLOTS = ["hit_rate.png", "latency_breakdown.png", "timeline.png", "wasted_tokens.png", "spec_vs_seq.png",
+         "calibration.png"]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,7 @@ def test_report_writes_plots_trace_and_a_self_contained_page(run, report):
     trace = json.load(open(report["trace"]))
     names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert {"policy", "tool", "world model", "speculative policy"} <= names
-    assert "Mean latency reduction" in page and "EMULATED" in page
+    assert "mean latency reduction" in page and "EMULATED" in page
 
 
 def test_training_run_reads_metrics_jsonl_and_its_last_rollout(tmp_path):

@@ -35,6 +35,8 @@ import sys
 import time
 from collections import defaultdict
 
+from provenance import stamp
+
 from obsspec.config import load_recipe
 from obsspec.rollout.predictors import Corrupting
 from obsspec.rollout.config import make_gate, sampling as make_sampling
@@ -251,6 +253,7 @@ async def main_async(args) -> dict:
         import torch
 
         torch.set_num_threads(args.threads)  # 1: no intra-op threads fighting over 2 shared cores
+    provenance = stamp()
     bench = Bench(args)
     await bench.setup()
     names = [*args.predictors, "never_matches"]
@@ -267,7 +270,7 @@ async def main_async(args) -> dict:
                     print(json.dumps(row), flush=True)
     finally:
         bench.close()
-    return {"summary": aggregate(rows), "rows": rows, "episodes": len(bench.episodes),
+    return {**provenance, "summary": aggregate(rows), "rows": rows, "episodes": len(bench.episodes),
             "concurrency": bench.base.rollout.concurrency or len(bench.episodes),
             "batch_invariant": bench.base.policy.batch_invariant, "torch_threads": args.threads or "default",
             "argv": sys.argv[1:], "wall_sec": time.monotonic() - t0,

@@ -56,6 +56,10 @@ def test_reset_override_restores_default(tmp_path):
     ("", ["policy.top_p=-3"], "policy.top_p in (0, 1]"),
     ("", ["rollout.concurrency=-4"], "rollout.concurrency must be >= 0"),
     ("", ["rollout.busy_limit=-1"], "rollout.busy_limit must be >= 0"),
+    ("", ["rollout.gate_cost_share=-0.5"], "rollout.gate_cost_share must be between 0 and 10"),
+    ("", ["rollout.gate=maybe"], "rollout.gate"),
+    ("", ["rollout.pairs=0"], "rollout.pairs must be >= 1"),
+    ("", ["rollout.predictor=siblings"], "rollout.predictor must be tiered, world_model"),
     ("", ["sandbox.hostname="], "sandbox.hostname must be a host name"),
     ("", ["sandbox.turn_seconds=-100"], "sandbox.turn_seconds must be in 0.."),
 ])

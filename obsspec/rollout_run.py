@@ -27,6 +27,7 @@ import statistics
 from obsspec.build import (RolloutError, ensure_tasks, make_engine, model_paths, predictor_for, tool_factory,
                            world_model_engine)
 from obsspec.config import Recipe
+from obsspec.engines.base import GenerationRequest
 from obsspec.env.suite import load_tasks, spread
 from obsspec.env.task import Task
 from obsspec.jsonl import read_jsonl
@@ -81,14 +82,18 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
     runs: list[tuple[str, list[Trajectory]]] = []  # every pass, in the order run
     summaries: dict[str, dict] = {}
     try:
+        if mode != "sequential" and cfg.predictor in ("world_model", "tiered"):
+            wm_engine = world_model_engine(recipe, wm_path, tokenizer)
+            if adapter is not None:
+                await wm_engine.load_adapter(adapter.name, adapter.path)
+        # before any pass is timed: no mode pays the first forward passes' warm-up alone
+        for engine in (policy, wm_engine):
+            if engine is not None:
+                await warm_up(engine, fmt)
         for k, m in enumerate(passes(mode, cfg.pairs)):
             first = not any(mode_ == m for mode_, _ in runs)
             predictor = None
             if m == "speculative":
-                if cfg.predictor in ("world_model", "tiered") and wm_engine is None:
-                    wm_engine = world_model_engine(recipe, wm_path, tokenizer)
-                    if adapter is not None:
-                        await wm_engine.load_adapter(adapter.name, adapter.path)
                 # the oracle answers from the first sequential run, or from the replayed one
                 source = next((t for mode_, t in runs if mode_ == "sequential"), None) or \
                     (recorded and [Trajectory.from_dict(r) for r in recorded]) if cfg.predictor == "oracle" else None
@@ -116,6 +121,11 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
         summary["comparison"] = compare_pairs(runs)
     write_summary(out_dir, summary)
     return summary
+
+
+async def warm_up(engine, fmt: ChatFormat) -> None:
+    """A few greedy tokens on a short prompt (the first passes allocate and load kernels)."""
+    await engine.generate(GenerationRequest(fmt.prompt_ids("ls"), max_new_tokens=4, temperature=0))
 
 
 def passes(mode: str, pairs: int) -> list[str]:

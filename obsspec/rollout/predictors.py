@@ -182,6 +182,11 @@ class Siblings(Base):
                 future.cancel()
         self._open[key][1].add(request.episode)
 
+    def elsewhere(self, request: PredictRequest) -> bool:
+        """Is another episode running this command on the same task and history now?"""
+        entry = self._open.get(self._key(request))
+        return entry is not None and bool(entry[1] - {request.episode})
+
     async def predict(self, request: PredictRequest) -> list[Draft]:
         if self._key(request) not in self._open:
             self.started(request)
@@ -202,7 +207,8 @@ class Siblings(Base):
 
 class WithHistory:
     """The tiered predictor: the history cache when it has the observation, else a sibling's
-    result when another episode is running the same command, else `inner`."""
+    result when another episode is already running the same command, else `inner` raced
+    against a sibling that starts it later."""
 
     def __init__(self, inner: Predictor, siblings: bool = True):
         self.inner, self.cache = inner, HistoryCache()
@@ -218,8 +224,11 @@ class WithHistory:
             return drafts
         if self.siblings is None:
             return await self.inner.predict(request)
-        # the inner predictor's drafts and a sibling's result race; the first answer wins (a
-        # sibling's result cancels the world model's generation), no draft keeps waiting
+        if self.siblings.elsewhere(request):
+            # a sibling started first: its exact result is the draft (no world-model compute)
+            return await self.siblings.predict(request)
+        # none yet: the inner predictor's drafts and a sibling joining later race; the first
+        # answer wins (a sibling's result cancels the world model's generation), no draft waits
         sibling = asyncio.ensure_future(self.siblings.predict(request))
         inner = asyncio.ensure_future(self.inner.predict(request))
         try:

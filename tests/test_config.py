@@ -59,6 +59,7 @@ def test_reset_override_restores_default(tmp_path):
     ("", ["rollout.gate_cost_share=-0.5"], "rollout.gate_cost_share must be between 0 and 10"),
     ("", ["rollout.gate=maybe"], "rollout.gate"),
     ("", ["rollout.pairs=0"], "rollout.pairs must be >= 1"),
+    ("", ["policy.priority_scheduling=true"], "policy.priority_scheduling is for engine vllm"),
     ("", ["rollout.predictor=siblings"], "rollout.predictor must be tiered, world_model"),
     ("", ["sandbox.hostname="], "sandbox.hostname must be a host name"),
     ("", ["sandbox.turn_seconds=-100"], "sandbox.turn_seconds must be in 0.."),

@@ -38,6 +38,9 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         check_engine("policy", self.engine, self.server_url)
+        if self.priority_scheduling and self.engine != "vllm":
+            raise ValueError("policy.priority_scheduling is for engine vllm (the hf engine always runs "
+                             "speculative work at a lower priority)")
         for name in ("max_batch_size", "max_new_tokens", "max_context", "max_turns"):
             if getattr(self, name) < 1:
                 raise ValueError(f"policy.{name} must be >= 1 (got {getattr(self, name)})")

@@ -79,6 +79,7 @@ def verdict(interval: dict) -> str:
 
 
 CALIBRATION_BINS = 5  # predicted-probability bins of the calibration table and plot
+P_UNIT = 1e-4         # draft_verdict events carry p rounded to 4 decimals
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -115,7 +116,9 @@ class SpecMetrics:
         self.skip_reasons = Counter()         # reason -> skips (busy before drafting, the gate's after)
         self.gate_decisions = 0
         self.gate_passed = 0
-        self.calibration = Counter()          # (bin, "n" | "hits" | "p") -> count or sum of p
+        # (bin, "n" | "hits" | "p") -> count, or sum of p in units of P_UNIT (integers: merged
+        # processes add up to exactly the same sums in any order)
+        self.calibration = Counter()
         self.delay = None                     # the policy engine's SchedulingStats over the batch
 
     def merge(self, other: "SpecMetrics") -> None:
@@ -178,7 +181,7 @@ class SpecMetrics:
             b = min(int(d["p"] * CALIBRATION_BINS), CALIBRATION_BINS - 1)
             self.calibration[(b, "n")] += 1
             self.calibration[(b, "hits")] += bool(d["hit"])
-            self.calibration[(b, "p")] += d["p"]
+            self.calibration[(b, "p")] += round(d["p"] / P_UNIT)
         elif e.kind == "request_end":
             self.outcomes[(d["role"], d["outcome"])] += 1
             if d["role"] == "policy" and d["outcome"] == "cancelled":
@@ -202,7 +205,7 @@ class SpecMetrics:
     def calibration_table(self) -> list[list]:
         """[predicted mean, observed hit rate, drafts] per non-empty bin of predicted probability."""
         c = self.calibration
-        return [[c[(b, "p")] / c[(b, "n")], c[(b, "hits")] / c[(b, "n")], c[(b, "n")]]
+        return [[c[(b, "p")] * P_UNIT / c[(b, "n")], c[(b, "hits")] / c[(b, "n")], c[(b, "n")]]
                 for b in range(CALIBRATION_BINS) if c[(b, "n")]]
 
     def _by_source(self) -> dict:

@@ -143,18 +143,14 @@ def compare_pairs(runs: list[tuple[str, list[Trajectory]]]) -> dict:
     pair with its 95 % interval and a verdict ("not resolvable here" when it includes 0)."""
     seqs = [t for m, t in runs if m == "sequential"]
     specs = [t for m, t in runs if m == "speculative"]
-    out = compare(seqs[0], specs[0])
-    reductions, identical, differing = [], True, set()
-    for seq, spec in zip(seqs, specs):
-        pair = compare(seq, spec)
-        against_first = compare(seqs[0], spec)
-        identical &= pair["token_identical"] and against_first["token_identical"]
-        differing |= set(pair["episodes_differing"]) | set(against_first["episodes_differing"])
-        if pair["mean_latency_reduction"] is not None:
-            reductions.append(pair["mean_latency_reduction"])
-    out["token_identical"] = identical
-    out["episodes_differing"] = sorted(differing)
+    pairs = [compare(seq, spec) for seq, spec in zip(seqs, specs)]
+    # each later speculative pass against the first sequential one too (the first pair is that)
+    checks = pairs + [compare(seqs[0], spec) for spec in specs[1:]]
+    out = dict(pairs[0])
+    out["token_identical"] = all(c["token_identical"] for c in checks)
+    out["episodes_differing"] = sorted({e for c in checks for e in c["episodes_differing"]})
     out["pairs"] = len(seqs)
+    reductions = [p["mean_latency_reduction"] for p in pairs if p["mean_latency_reduction"] is not None]
     if reductions:
         interval = mean_interval(reductions)
         out["mean_latency_reduction"] = interval["mean"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from obsspec.rollout.metrics import CALIBRATION_BINS, mean_of, pooled_success
+from obsspec.rollout.metrics import mean_of, pooled_success
 
 COLORS = {"generation": "#4c72b0", "tool": "#dd8452", "blocked": "#c44e52", "other": "#bbbbbb",
           "world_model": "#8172b3", "overlap": "#55a868"}
@@ -233,18 +233,12 @@ def spec_vs_seq(run, path: str) -> str | None:
 
 
 def calibration(run, path: str) -> str | None:
-    """The gate's predicted hit probability against the observed hit rate, per bin, from the
-    speculative trace's `draft_verdict` events (every draft compared with the real output)."""
-    verdicts = [ev for ev in run.traces.get("speculative", []) if ev.get("kind") == "draft_verdict"]
-    if not verdicts:
+    """The gate's predicted hit probability against the observed hit rate, per bin: the
+    speculative run's `calibration` table (SpecMetrics, from every draft compared with the real
+    output)."""
+    rows = ((run.summary.get("modes") or {}).get("speculative") or {}).get("calibration")
+    if not rows:
         return None
-    bins: dict[int, list] = {}
-    for ev in verdicts:
-        b = bins.setdefault(min(int(ev["p"] * CALIBRATION_BINS), CALIBRATION_BINS - 1), [0.0, 0, 0])
-        b[0] += ev["p"]
-        b[1] += bool(ev["hit"])
-        b[2] += 1
-    rows = [(p / n, hits / n, n) for p, hits, n in (bins[k] for k in sorted(bins))]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(4.6, 4.4))
     ax.plot([0, 1], [0, 1], color="grey", lw=0.8, label="calibrated")
@@ -257,5 +251,5 @@ def calibration(run, path: str) -> str | None:
     ax.set_ylabel("observed hit rate")
     ax.legend(fontsize=7)
     _save(fig, path)
-    return (f"Calibration of the speculation gate over {len(verdicts)} drafts compared with the real output: "
+    return (f"Calibration of the speculation gate over {sum(r[2] for r in rows)} drafts compared with the real output: "
             f"per bin of predicted probability, its mean against the observed hit rate (labels: drafts per bin).")

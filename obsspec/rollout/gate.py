@@ -69,26 +69,24 @@ class Decision:
     confidence: float | None
 
 
-class _Rate:
-    """hits / n with a prior mean and strength."""
+class _Tally:
+    """A running sum over a count: a mean, or a rate shrunk towards a prior."""
 
-    __slots__ = ("hits", "n")
-
-    def __init__(self) -> None:
-        self.hits = self.n = 0
-
-    def mean(self, prior: float, strength: float) -> float:
-        return (self.hits + strength * prior) / (self.n + strength)
-
-
-class _Mean:
     __slots__ = ("total", "n")
 
     def __init__(self) -> None:
         self.total, self.n = 0.0, 0
 
-    def get(self, default: float) -> float:
+    def add(self, value: float, count: int = 1) -> None:
+        self.total += value
+        self.n += count
+
+    def mean(self, default: float) -> float:
         return self.total / self.n if self.n else default
+
+    def shrunk(self, prior: float, strength: float) -> float:
+        """The mean with `strength` pseudo-counts at `prior` (a Beta estimate, for 0/1 values)."""
+        return (self.total + strength * prior) / (self.n + strength)
 
 
 class Gate:
@@ -101,35 +99,34 @@ class Gate:
             raise ValueError("gate: cost_share, prior_tool_s, prior_gen_s must be >= 0 and prior_strength > 0")
         self.enabled, self.cost_share, self.strength = enabled, cost_share, prior_strength
         self.prior_tool_s, self.prior_gen_s, self.min_samples = prior_tool_s, prior_gen_s, min_samples
-        self._source_rate: dict[str, _Rate] = defaultdict(_Rate)
-        self._class_rate: dict[tuple[str, str], _Rate] = defaultdict(_Rate)
-        self._bin_rate: dict[tuple[str, str, int], _Rate] = defaultdict(_Rate)
-        self._tool: dict[str, _Mean] = defaultdict(_Mean)
-        self._tool_all = _Mean()
-        self._gen = _Mean()
-        self._delay_s, self._spec_n = 0.0, 0
+        self._source_rate: dict[str, _Tally] = defaultdict(_Tally)
+        self._class_rate: dict[tuple[str, str], _Tally] = defaultdict(_Tally)
+        self._bin_rate: dict[tuple[str, str, int], _Tally] = defaultdict(_Tally)
+        self._tool: dict[str, _Tally] = defaultdict(_Tally)
+        self._tool_all = _Tally()
+        self._gen = _Tally()
+        self._delay = _Tally()  # committed delay over speculative generations
 
     # -- estimates -------------------------------------------------------------------------------
     def p_hit(self, source: str, cls: str, confidence: float | None) -> float:
         prior = (HIGH_PRIOR if source != "world_model" else
                  DEFAULT_PRIOR if confidence is None else min(max(confidence, 0.0), 1.0))
-        p_source = self._source_rate[source].mean(prior, self.strength)
-        p_class = self._class_rate[(source, cls)].mean(p_source, self.strength)
-        return self._bin_rate[(source, cls, confidence_bin(confidence))].mean(p_class, self.strength)
+        p_source = self._source_rate[source].shrunk(prior, self.strength)
+        p_class = self._class_rate[(source, cls)].shrunk(p_source, self.strength)
+        return self._bin_rate[(source, cls, confidence_bin(confidence))].shrunk(p_class, self.strength)
 
     def tool_s(self, cls: str) -> float:
         m = self._tool.get(cls)
         if m is not None and m.n >= self.min_samples:
-            return m.get(self.prior_tool_s)
-        return self._tool_all.get(self.prior_tool_s)
+            return m.mean(self.prior_tool_s)
+        return self._tool_all.mean(self.prior_tool_s)
 
     def delay_s(self) -> float:
         """D: committed delay per speculative generation, the prior moved by measurements."""
-        k = COST_PRIOR_GENERATIONS
-        return (self._delay_s + k * self.cost_share * self.gen_s()) / (self._spec_n + k)
+        return self._delay.shrunk(self.cost_share * self.gen_s(), COST_PRIOR_GENERATIONS)
 
     def gen_s(self) -> float:
-        return self._gen.get(self.prior_gen_s)
+        return self._gen.mean(self.prior_gen_s)
 
     # -- the decision ------------------------------------------------------------------------------
     def decide(self, *, source: str, cls: str, confidence: float | None, elapsed_s: float) -> Decision:
@@ -146,20 +143,16 @@ class Gate:
     def observe_draft(self, decision: Decision, hit: bool) -> None:
         for rate in (self._source_rate[decision.source], self._class_rate[(decision.source, decision.cls)],
                      self._bin_rate[(decision.source, decision.cls, confidence_bin(decision.confidence))]):
-            rate.n += 1
-            rate.hits += bool(hit)
+            rate.add(bool(hit))
 
     def observe_tool(self, cls: str, seconds: float) -> None:
         for m in (self._tool[cls], self._tool_all):
-            m.total += seconds
-            m.n += 1
+            m.add(seconds)
 
     def observe_cost(self, delay_s: float, generations: int) -> None:
         """Committed work was delayed by `delay_s` (a difference of the engine's SchedulingStats)
         while `generations` speculative generations started."""
-        self._delay_s += max(0.0, delay_s)
-        self._spec_n += max(0, generations)
+        self._delay.add(max(0.0, delay_s), max(0, generations))
 
     def observe_generation(self, seconds: float) -> None:
-        self._gen.total += seconds
-        self._gen.n += 1
+        self._gen.add(seconds)

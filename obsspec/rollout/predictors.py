@@ -174,13 +174,16 @@ class Siblings(Base):
         return request.task_key, history_key(request.commands)
 
     def started(self, request: PredictRequest) -> None:
-        key = self._key(request)
+        self._entry(self._key(request))[1].add(request.episode)
+
+    def _entry(self, key: tuple[str, str]) -> tuple[asyncio.Future, set[int]]:
+        """The key's entry, opened (and the oldest dropped past MAX_OPEN) if it has none."""
         if key not in self._open:
             self._open[key] = (asyncio.get_running_loop().create_future(), set())
             while len(self._open) > self.MAX_OPEN:
                 future, _ = self._open.popitem(last=False)[1]
                 future.cancel()
-        self._open[key][1].add(request.episode)
+        return self._open[key]
 
     def elsewhere(self, request: PredictRequest) -> bool:
         """Is another episode running this command on the same task and history now?"""
@@ -188,9 +191,7 @@ class Siblings(Base):
         return entry is not None and bool(entry[1] - {request.episode})
 
     async def predict(self, request: PredictRequest) -> list[Draft]:
-        if self._key(request) not in self._open:
-            self.started(request)
-        future = self._open[self._key(request)][0]
+        future = self._entry(self._key(request))[0]
         try:
             # shielded: cancelling this prediction (our own tool won) leaves the future to the others
             return [Draft(await asyncio.shield(future), source=self.name)]

@@ -241,10 +241,9 @@ class Scheduler:
 
     async def _execute(self, tool: Tool, action: chat.Action, episode: int, turn: int):
         self.bus.emit("exec_start", episode, turn, command=action.command)
-        t0 = self.bus.now()
         # the tool call's own timeout reaches the sandbox (which clamps it to its limit)
         result = await tool.run(action.command, turn, timeout=action.timeout)
-        self.gate.observe_tool(program_class(action.command), self.bus.now() - t0)
+        self.gate.observe_tool(program_class(action.command), result.seconds)
         self.bus.emit("exec_done", episode, turn, seconds=result.seconds, exit_code=result.exit_code)
         return result
 

@@ -76,7 +76,6 @@ class FluidEngine:
         self.delay_clock = 0.0
         self.committed_delay_sec = 0.0
         self.speculative_compute_sec = 0.0
-        self.speculative_row_sec = 0.0      # engine time x speculative rows: each one's own time
 
     @property
     def requests(self) -> list[Request]:
@@ -143,7 +142,7 @@ class FluidEngine:
                 self.busy_sec += dt
                 self.prefill_sec += dt
                 if self.round[0].priority > 0:  # cancelled or not, it is prefilled
-                    self._charge(dt, 1.0, 1)
+                    self._charge(dt, 1.0)
             if finish_one or self.prefill_left <= 1e-12:
                 self._end_prefill()
             return []
@@ -156,7 +155,7 @@ class FluidEngine:
             self.busy_sec += dt
             speculative = sum(r.priority > 0 for r in running)
             if speculative:
-                self._charge(dt, speculative / len(running), speculative)
+                self._charge(dt, speculative / len(running))
         if finish_one and running:
             first = min(running, key=lambda r: r.left)
             first.done_tokens = first.tokens
@@ -169,10 +168,9 @@ class FluidEngine:
             self._admit()
         return done
 
-    def _charge(self, dt: float, share: float, rows: int) -> None:
-        """`dt` seconds of engine time on `rows` speculative rows, `share` of the pass."""
+    def _charge(self, dt: float, share: float) -> None:
+        """`dt` seconds of engine time, `share` of it on speculative rows."""
         self.speculative_compute_sec += dt * share
-        self.speculative_row_sec += dt * rows
         self.delay_clock += dt * share
 
     def _settle(self, r: Request) -> None:

@@ -93,8 +93,7 @@ class BatchResult:
     spec_admitted: int = 0           # speculative requests admitted (prefilled) while speculative
     committed_delay_sec: float = 0.0  # the engine's SchedulingStats (FluidEngine)
     speculative_compute_sec: float = 0.0
-    speculative_row_sec: float = 0.0
-    gate_cost: float = 0.0           # the gate's cost share at the end (prior moved by the above)
+    gate_cost: float = 0.0           # the gate's D at the end: committed delay per speculative generation, s
     drafts: int = 0                  # drafts the gate decided on
     skips: dict = field(default_factory=dict)  # drafts the gate skipped, by reason
 
@@ -161,7 +160,7 @@ class _Batch:
                            skips={k: v for k, v in self.skips.items() if v},
                            committed_delay_sec=eng.committed_delay_sec,
                            speculative_compute_sec=eng.speculative_compute_sec,
-                           speculative_row_sec=eng.speculative_row_sec, gate_cost=self.gate.delay_s())
+                           gate_cost=self.gate.delay_s())
 
     @property
     def now(self) -> float:

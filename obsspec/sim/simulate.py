@@ -9,7 +9,7 @@ and, with `spec.gate`, behind the speculation gate; it reports the latency reduc
 `1 - sum(speculative latency) / sum(sequential latency)` of both (`reduction`,
 `reduction_gated`; as the rollout benchmark measures it), the bound of docs/ROLLOUT.md from the
 simulated sequential run, hits, rollbacks, exec_won, wasted tokens, the gate's skips by reason,
-what speculation cost committed work (`delay_per_spec_s`) and the gate's measured cost share
+what speculation cost committed work (`delay_per_spec_s`) and the gate's final D, seconds of committed delay per speculative generation
 (`gate_cost_gated`). A point is `helps` above +threshold, `hurts` below -threshold, `neutral` between
 (`regime`, `regime_gated`). Writes simulate.json, simulate.png and summary.json under `out_dir`.
 """

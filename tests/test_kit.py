@@ -401,7 +401,7 @@ def test_with_the_workspace_snapshot_the_world_model_base_learns_with_it_ahead_o
     assert kit.kit_key(suite, TINY, SANDBOX, SAMPLING, 128) != kit.kit_key(suite, TINY, SANDBOX, SAMPLING)
     seen = {}
 
-    def train(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display):
+    def train(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display, **kwargs):
         seen[name] = (tok, train_rows, eval_rows)
         return {"steps": 0}
 
@@ -456,7 +456,7 @@ def test_world_model_tasks_add_real_reference_rows_for_the_world_model_only(tmp_
     assert kit.kit_key(suite, cfg, SANDBOX, SAMPLING) != kit.kit_key(suite, TINY, SANDBOX, SAMPLING)
     seen = {}
 
-    def train(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display):
+    def train(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display, **kwargs):
         seen[name] = (tok, train_rows)
         return {"steps": 0}
 
@@ -489,7 +489,7 @@ def test_mistakes_give_the_world_model_and_the_tokenizer_real_error_messages(tmp
     assert kit.kit_key(suite, cfg, SANDBOX, SAMPLING) != kit.kit_key(suite, TINY, SANDBOX, SAMPLING)
     seen = {}
 
-    def train(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display):
+    def train(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display, **kwargs):
         seen[name] = (tok, train_rows)
         return {"steps": 0}
 

@@ -43,6 +43,12 @@ class TinyModelConfig:
 class KitConfig:
     """What `ensure_kit` builds when the recipe names no hub models."""
 
+    bases: str = doc("", "Pretrained tiny models (tokenizer, policy, world model) to start from "
+                         "instead of building the kit: a folder written by `obsspec build-bases`, "
+                         "or the name of one shipped under obsspec/bases/. Used only when they "
+                         "were built for this recipe's task suite (the same train and val tasks) "
+                         "and world-model snapshot setting; otherwise the kit below is built, and "
+                         "the log says why. Empty = always the kit.")
     vocab_size: int = doc(4096, "Size of the byte-level BPE vocabulary trained on the task corpus "
                                  "(special tokens included).")
     digits_per_token: int = doc(1, "Longest run of digits one token may hold (1..3, cut from the "
@@ -63,6 +69,10 @@ class KitConfig:
                                     "is dropped) and run through their reference solutions in real "
                                     "sandboxes, whose observations only the world-model base learns "
                                     "from: more listings to learn copying from. 0 = none.")
+    policy_tasks: int = doc(0, "More instances of the suite's built-in families for the policy's "
+                               "warm start, generated apart from the suite like world_model_tasks "
+                               "(another seed; any that equals a suite task is dropped): more names "
+                               "to learn copying from than the train split holds. 0 = none.")
     mistakes: int = doc(0, "Episodes per train task (and per world_model_tasks instance) of its "
                            "reference solution with one command edited (a word duplicated, dropped, "
                            "swapped, replaced or misspelt: obsspec/env/mistakes.py), run in real "
@@ -76,8 +86,8 @@ class KitConfig:
     def __post_init__(self) -> None:
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes + special tokens), got {self.vocab_size}")
-        if self.rollouts < 0 or self.rollout_workers < 1 or self.world_model_tasks < 0 or self.mistakes < 0:
-            raise ValueError("kit.rollouts, kit.world_model_tasks and kit.mistakes must be >= 0 "
+        if min(self.rollouts, self.world_model_tasks, self.policy_tasks, self.mistakes) < 0 or self.rollout_workers < 1:
+            raise ValueError("kit.rollouts, kit.world_model_tasks, kit.policy_tasks and kit.mistakes must be >= 0 "
                              "and kit.rollout_workers >= 1")
         if not 1 <= self.digits_per_token <= 3:
             raise ValueError(f"kit.digits_per_token must be 1, 2 or 3, got {self.digits_per_token}")

@@ -99,14 +99,16 @@ def _policy(which: str, paths, kit_cfg):
 async def evaluate_val(recipe: Recipe, tasks_dir: str, *, policies: Sequence[str] = ("warm",),
                        world_model: str = "", rollouts: Sequence[str] = (), max_draft_tokens: int = 0,
                        group_size: int = 4, limit: int = 0, workers: int = 8, out: str = "",
-                       cache: str | None = None, display: Display | None = None, command: str = "") -> dict:
+                       cache: str | None = None, display: Display | None = None, command: str = "",
+                       paths=None) -> dict:
     """Evaluate on `tasks_dir`'s val split (`limit` tasks spread over it, 0 = all; `group_size`
     episodes each): every policy of `policies` ('untrained', 'warm' or a model folder / hub
     name), then, with `world_model` ('kit' or a model folder), its greedy drafts on the val
     reference steps, on the last policy's episodes and on those of each `rollouts` file
     (trajectories JSONL), capped at `max_draft_tokens` (0: world_model.max_tokens). `out`: a
     prefix for each policy's episodes (OUT.NAME.trajectories.jsonl, for a later `rollouts`).
-    A missing `rollouts` file raises FileNotFoundError before any work."""
+    A missing `rollouts` file raises FileNotFoundError before any work. `paths`: the kit
+    (KitPaths) to evaluate instead of the recipe's own."""
     from obsspec.models.kit import kit_for, read_trajectories
     from obsspec.models.tiny import load_pretrained
 
@@ -119,8 +121,8 @@ async def evaluate_val(recipe: Recipe, tasks_dir: str, *, policies: Sequence[str
     episodes = [t for t in tasks for _ in range(group_size)]
     names = [n for n in policies if n]
     settings = sampling(recipe.policy, recipe.rollout.seed)
-    paths = kit_for(recipe, tasks_dir, display, cache_dir=cache) \
-        if {"untrained", "warm"} & set(names) or world_model == "kit" else None
+    if paths is None and ({"untrained", "warm"} & set(names) or world_model == "kit"):
+        paths = kit_for(recipe, tasks_dir, display, cache_dir=cache)
     results: dict = {"command": command, "kit": paths.root if paths else None, "sampling": settings.__dict__}
     trajectories: list[Trajectory] = []
     for which in names:

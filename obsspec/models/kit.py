@@ -83,14 +83,15 @@ def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sa
     rollouts = {"sandbox": dataclasses.asdict(sandbox), "sampling": dataclasses.asdict(sampling)} \
         if cfg.rollouts else None
     config = dataclasses.asdict(cfg)
-    for name, off in (("world_model_tasks", 0), ("mistakes", 0), ("digits_per_token", 1)):
+    del config["bases"]  # where to find pretrained bases, not what a kit is built from
+    for name, off in (("world_model_tasks", 0), ("policy_tasks", 0), ("mistakes", 0), ("digits_per_token", 1)):
         if config[name] == off:  # (absent when off: older kits keep their key)
             del config[name]
     key = {"format": KIT_FORMAT, "config": config, "corpus": corpus, "rollouts": rollouts}
     if snapshot_tokens:  # (absent when off: kits built before the switch keep their key)
         key["snapshot_tokens"] = snapshot_tokens
         key["snapshot_format"] = SNAPSHOT_FORMAT
-    if snapshot_tokens or cfg.world_model_tasks or cfg.mistakes:  # these run the suite's tasks in sandboxes
+    if snapshot_tokens or cfg.world_model_tasks or cfg.policy_tasks or cfg.mistakes:  # these run the suite's tasks in sandboxes
         key["sandbox"] = dataclasses.asdict(sandbox)
         key["tasks"] = {name: _sha256(os.path.join(tasks_dir, name)) for name in (TRAIN_TASKS, VAL_TASKS)
                         if os.path.exists(os.path.join(tasks_dir, name))}
@@ -104,14 +105,27 @@ def _sha256(path: str) -> str:
 
 
 def kit_for(recipe, tasks_dir: str, display: Display | None = None, cache_dir: str | None = None) -> KitPaths:
-    """The kit a recipe uses (`ensure_kit` with its sections): its policy's sampling for the
+    """The kit a recipe uses: its `kit.bases` when they were built for this suite
+    (obsspec/models/bases.py), else `ensure_kit` with its sections: its policy's sampling for the
     kit's rollouts, and its world model's snapshot budget when that model is the kit's."""
     from obsspec.rollout.config import sampling
 
     wm = recipe.world_model
+    snapshot_tokens = wm.snapshot_tokens if wm.workspace_snapshot and wm.model == "tiny" else 0
+    display = display or NullDisplay()
+    if recipe.kit.bases:
+        from obsspec.models.bases import bases_dir, bases_mismatch, read_manifest
+
+        root = bases_dir(recipe.kit.bases)
+        why = bases_mismatch(read_manifest(root), tasks_dir, snapshot_tokens, recipe.policy.max_context)
+        if why is None:
+            display.log(f"tiny models: the pretrained bases at {root}")
+            return KitPaths.under(root)
+        display.log(f"tiny models: the pretrained bases at {root} do not fit this recipe ({why}): "
+                    "building the kit")
     return ensure_kit(tasks_dir, recipe.rollout.kit_cache if cache_dir is None else cache_dir, recipe.kit,
                       recipe.sandbox, sampling(recipe.policy, recipe.rollout.seed), display,
-                      snapshot_tokens=wm.snapshot_tokens if wm.workspace_snapshot and wm.model == "tiny" else 0)
+                      snapshot_tokens=snapshot_tokens)
 
 
 def ensure_kit(tasks_dir: str, cache_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
@@ -149,22 +163,44 @@ def read_trajectories(tasks_dir: str) -> list[dict]:
 
 
 def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
-              sampling: Sampling, display: Display, snapshot_tokens: int = 0) -> dict:
-    """Train tokenizer, policy and world-model base into `out_dir`; return (and write) the report."""
+              sampling: Sampling, display: Display, snapshot_tokens: int = 0, checkpoint_steps: int = 0) -> dict:
+    """Train tokenizer, policy and world-model base into `out_dir`; return (and write) the report.
+
+    Each stage's output lands in `out_dir` when the stage is done (the tokenizer, each model, the
+    rows of every batch of sandbox episodes, the report so far in `kit.partial.json`); called
+    again on the same `out_dir`, a stage whose output is there is not run again. With
+    `checkpoint_steps` > 0 each model's training also saves checkpoints and resumes from the
+    latest: a build killed at any point goes on where it stopped (`obsspec build-bases`).
+    """
     from obsspec.models import tiny, warmstart
     from obsspec.models.tokenizer import corpus_texts, train_tokenizer
     from obsspec.tokens import ChatFormat
     from obsspec.worldmodel.snapshot import snapshot_ids
 
     t0 = time.monotonic()
+    os.makedirs(out_dir, exist_ok=True)
     paths = KitPaths.under(out_dir)
+    partial = os.path.join(out_dir, PARTIAL_REPORT)
     rows = [r for r in read_trajectories(tasks_dir) if r.get("reward") == 1.0]
     train_rows = [r for r in rows if r.get("split") == "train"]
     val_rows = [r for r in rows if r.get("split") == "val"]
     if not train_rows:
         raise ValueError(f"{tasks_dir}/{TRAJECTORIES}: no successful train trajectories to learn from")
-    report: dict = {"format": KIT_FORMAT, "config": dataclasses.asdict(cfg), "tasks_dir": tasks_dir,
-                    "trajectories": {"train": len(train_rows), "val": len(val_rows)}}
+    report: dict = _read_json(partial) or {"build_sec_before": 0.0}
+    report.update({"format": KIT_FORMAT, "config": dataclasses.asdict(cfg), "tasks_dir": tasks_dir,
+                   "trajectories": {"train": len(train_rows), "val": len(val_rows)}})
+
+    def done(name: str, value) -> None:  # a stage's figures, kept for a resumed build
+        report[name] = value
+        _write_json(partial, {**report, "build_sec_before": report["build_sec_before"] + time.monotonic() - t0})
+
+    def episodes(name: str, run) -> list[dict]:
+        """Rows of a batch of sandbox episodes: from `name`.jsonl when an earlier build made them."""
+        path = os.path.join(out_dir, name + ".jsonl")
+        if not os.path.exists(path):
+            _write_jsonl(path, run())
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
 
     # With snapshots on, their text is in the tokenizer's corpus too: the directory lines of a
     # snapshot's `ls -lR` (`drwxr-xr-x 2 agent agent ...`) then get listing atoms like the files'
@@ -174,29 +210,42 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     # With mistakes on, the error messages are in the corpus too: `No such file or directory` is
     # then a few tokens, not a dozen fragments the world model must spell out one by one.
     t1 = time.monotonic()
-    mistake_rows = _mistakes(tasks_dir, cfg, sandbox, display) if cfg.mistakes else []
+    mistake_rows = episodes("mistakes", lambda: _mistakes(tasks_dir, cfg, sandbox, display)) if cfg.mistakes else []
     mistakes_sec = round(time.monotonic() - t1, 1)
-    corpus = (corpus_texts(train_rows) + [text for tid, text in sorted(texts.items()) if tid in train_ids]
-              + corpus_texts(mistake_rows))
-    display.log(f"tiny model kit: training a {cfg.vocab_size}-token BPE on "
-                f"{len(train_rows)} train trajectories" + (" and their workspace snapshots" if texts else "")
-                + (f" and {len(mistake_rows)} episodes with a mistake" if mistake_rows else ""))
-    tokenizer = train_tokenizer(corpus, cfg.vocab_size, cfg.digits_per_token)
-    tokenizer.save_pretrained(paths.tokenizer)
+    # Generated instances of the suite's families (never a suite task) for the policy: more
+    # names to learn copying from than the suite's train split holds.
+    policy_extra = [row for _, row in _generated(tasks_dir, "policy_tasks", cfg, sandbox, display, done,
+                                                 episodes)] if cfg.policy_tasks else []
+    if os.path.exists(paths.tokenizer):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(paths.tokenizer)
+    else:
+        corpus = (corpus_texts(train_rows + policy_extra)
+                  + [text for tid, text in sorted(texts.items()) if tid in train_ids] + corpus_texts(mistake_rows))
+        display.log(f"tiny model kit: training a {cfg.vocab_size}-token BPE on "
+                    f"{len(train_rows) + len(policy_extra)} train trajectories"
+                    + (" and their workspace snapshots" if texts else "")
+                    + (f" and {len(mistake_rows)} episodes with a mistake" if mistake_rows else ""))
+        tokenizer = train_tokenizer(corpus, cfg.vocab_size, cfg.digits_per_token)
+        _save_atomically(paths.tokenizer, tokenizer.save_pretrained)
+        done("tokenizer", {"vocab": len(tokenizer), "sec": round(time.monotonic() - t0, 1)})
     fmt = ChatFormat(tokenizer)
-    report["tokenizer"] = {"vocab": len(tokenizer), "sec": round(time.monotonic() - t0, 1)}
 
     def train(name: str, mcfg, train_ex: list[dict], val_ex: list[dict], dropped: int, path: str):
+        if os.path.exists(path):
+            display.log(f"tiny model kit: {name}: kept from an earlier build at {path}")
+            return tiny.load_pretrained(path)[0]
         model = tiny.build_model(mcfg, tokenizer, cfg.max_length, cfg.seed)
         display.log(f"tiny model kit: {name}: {tiny.count_parameters(model) / 1e6:.2f}M parameters, "
                     f"{len(train_ex)} examples ({dropped} longer than {cfg.max_length} tokens dropped)")
-        stats = warmstart.train(model, tokenizer, train_ex, val_ex, mcfg,
-                                os.path.join(out_dir, f".{name}-trainer"), cfg.seed, name, display)
-        tiny.save(model, tokenizer, path)
-        report[name] = {"parameters": tiny.count_parameters(model), "dropped_too_long": dropped, **stats}
+        stats = warmstart.train(model, tokenizer, train_ex, val_ex, mcfg, os.path.join(out_dir, f".{name}-trainer"),
+                                cfg.seed, name, display, checkpoint_steps=checkpoint_steps)
+        _save_atomically(path, lambda tmp: tiny.save(model, tokenizer, tmp))
+        done(name, {"parameters": tiny.count_parameters(model), "dropped_too_long": dropped, **stats})
         return model
 
-    train_ex, dropped = warmstart.examples(fmt, train_rows, "policy", cfg.max_length)
+    train_ex, dropped = warmstart.examples(fmt, train_rows + policy_extra, "policy", cfg.max_length)
     val_ex, _ = warmstart.examples(fmt, val_rows, "policy", cfg.max_length)
     policy = train("policy", cfg.policy, train_ex, val_ex, dropped, paths.policy)
 
@@ -217,38 +266,72 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         wm_train = wm_train + ex
     if cfg.world_model_tasks:
         t1 = time.monotonic()
-        extra, stats = _run_apart(_world_model_tasks(tasks_dir, cfg, sandbox, display))
+        extra = _generated(tasks_dir, "world_model_tasks", cfg, sandbox, display, done, episodes)
         extra_snapshots = snapshot_table(_run_apart(_workspace_texts(
             tasks_dir, sandbox, cfg.rollout_workers, [t for t, _ in extra]))) if snapshot_tokens else None
         extra_rows = [row for _, row in extra]
         if cfg.mistakes:
-            extra_rows += _run_apart(_mistake_episodes([t for t, _ in extra], cfg, sandbox, display))
+            extra_rows += episodes("world_model_tasks_mistakes", lambda: _run_apart(
+                _mistake_episodes([t for t, _ in extra], cfg, sandbox, display)))
         extra_ex, extra_dropped = warmstart.examples(fmt, extra_rows, "world_model", cfg.max_length, extra_snapshots)
-        report["world_model_tasks"] = {**stats, "examples": len(extra_ex), "dropped_too_long": extra_dropped,
-                                       "sec": round(time.monotonic() - t1, 1)}
+        report["world_model_tasks"].update(examples=len(extra_ex), dropped_too_long=extra_dropped,
+                                           sec=round(time.monotonic() - t1, 1))
         if cfg.mistakes:
             report["world_model_tasks"]["mistakes"] = _mistake_stats(extra_rows[len(extra):])
         wm_train = wm_train + extra_ex
     if cfg.rollouts:
+        from obsspec.rollout.trajectory import Trajectory
+
         t1 = time.monotonic()
-        trajectories = _policy_rollouts(policy, tokenizer, fmt, tasks_dir, cfg, sandbox, sampling, display)
-        with open(paths.rollouts, "w") as f:
-            f.writelines(json.dumps(tr.to_dict(), sort_keys=True) + "\n" for tr in trajectories)
+        trajectories = [Trajectory.from_dict(d) for d in episodes("rollouts", lambda: [
+            tr.to_dict() for tr in _policy_rollouts(policy, tokenizer, fmt, tasks_dir, cfg, sandbox, sampling,
+                                                    display)])]
         from_rollouts = warmstart.trajectory_examples(
             trajectories, cfg.max_length,
             [snapshots[t.task_id] for t in trajectories] if snapshots is not None else None)
         report["rollouts"] = {"episodes": len(trajectories), "examples": len(from_rollouts),
                               "success_frac": round(sum(t.reward == 1.0 for t in trajectories)
                                                     / max(len(trajectories), 1), 4),
-                              "sec": round(time.monotonic() - t1, 1)}
+                              "sec": report.get("rollouts", {}).get("sec") or round(time.monotonic() - t1, 1)}
+        done("rollouts", report["rollouts"])
         wm_train = wm_train + from_rollouts
     train("world_model", cfg.world_model, wm_train, wm_val, dropped, paths.world_model)
-    report["build_sec"] = round(time.monotonic() - t0, 1)
-    with open(paths.report, "w") as f:
-        json.dump(report, f, indent=2, sort_keys=True)
-        f.write("\n")
+    report["build_sec"] = round(report.pop("build_sec_before") + time.monotonic() - t0, 1)
+    _write_json(paths.report, report)
+    os.remove(partial)
     display.log(f"tiny model kit: built in {report['build_sec']:.0f}s")
     return report
+
+
+PARTIAL_REPORT = "kit.partial.json"  # the report of a build in progress (kit.json once it is done)
+
+
+def _read_json(path: str) -> dict | None:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write_json(path: str, obj: dict) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def _write_jsonl(path: str, rows: list[dict]) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.writelines(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+    os.replace(path + ".tmp", path)
+
+
+def _save_atomically(path: str, save) -> None:
+    """`save(folder)` into a temporary folder, then renamed to `path`: a kill never leaves half a model."""
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save(tmp)
+    os.rename(tmp, path)
 
 
 async def _workspace_texts(tasks_dir: str, sandbox: SandboxConfig, workers: int,
@@ -260,7 +343,6 @@ async def _workspace_texts(tasks_dir: str, sandbox: SandboxConfig, workers: int,
     return await workspace_texts(load_tasks(tasks_dir) if tasks is None else tasks, sandbox, workers)
 
 
-WM_TASK_PREFIX = "wm-"  # ids of world_model_tasks: never those of a suite task
 
 
 def _mistakes(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, display: Display) -> list[dict]:
@@ -305,13 +387,19 @@ def _mistake_stats(rows: list[dict]) -> dict:
             "failed_steps": sum(s.get("exit_code", 0) != 0 for s in steps)}
 
 
-async def _world_model_tasks(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
-                             display: Display) -> tuple[list, dict]:
-    """`cfg.world_model_tasks` new instances of the train split's built-in families (seeded
-    apart from the suite by the kit's seed), each run through its reference solution in a real
-    sandbox: [(task, trajectories.jsonl-like row)] of those that scored 1, and counts. An
-    instance equal to a suite task (train or val: held-out tasks are never trained on) or to an
-    earlier one is dropped and counted, as is one whose reference did not score 1."""
+# ids of generated instances, never those of a suite task
+GENERATED_PREFIX = {"world_model_tasks": "wm-", "policy_tasks": "pt-"}
+WM_TASK_PREFIX = GENERATED_PREFIX["world_model_tasks"]
+
+
+def _generated(tasks_dir: str, key: str, cfg: KitConfig, sandbox: SandboxConfig, display: Display,
+               done, episodes) -> list[tuple]:
+    """`cfg.<key>` (world_model_tasks or policy_tasks) new instances of the train split's built-in
+    families, seeded apart from the suite by the kit's seed and `key`, each run through its
+    reference solution in a real sandbox: [(task, trajectories.jsonl-like row)] of those that
+    scored 1. An instance equal to a suite task (train or val: held-out tasks are never trained
+    on) or to an earlier one is dropped and counted, as is one whose reference did not score 1.
+    `episodes(name, run)` keeps the rows of a finished batch; `done(key, counts)` reports."""
     from obsspec.env.episode import run_scripted
     from obsspec.env.families import all_families
     from obsspec.env.suite import builtin_task, identity, instance_seed, load_tasks
@@ -319,37 +407,41 @@ async def _world_model_tasks(tasks_dir: str, cfg: KitConfig, sandbox: SandboxCon
     suite = load_tasks(tasks_dir)
     families = sorted({t.family for t in load_tasks(os.path.join(tasks_dir, TRAIN_TASKS))} & set(all_families()))
     if not families:
-        raise ValueError(f"kit.world_model_tasks: {tasks_dir} has no train tasks of a built-in family "
+        raise ValueError(f"kit.{key}: {tasks_dir} has no train tasks of a built-in family "
                          "to generate more of (an imported suite has no generators): set it to 0")
-    seed = instance_seed(cfg.seed, "kit.world_model_tasks", 0)
+    count = getattr(cfg, key)
+    seed = instance_seed(cfg.seed, f"kit.{key}", 0)
     seen = {identity(t) for t in suite}
     tasks, duplicates = [], 0
-    for i in range(cfg.world_model_tasks):
+    for i in range(count):
         task = builtin_task(families[i % len(families)], i // len(families), seed)
-        key = identity(task)
-        if key in seen:
+        ident = identity(task)
+        if ident in seen:
             duplicates += 1
             continue
-        seen.add(key)
-        tasks.append(dataclasses.replace(task, task_id=WM_TASK_PREFIX + task.task_id))
-    gate = asyncio.Semaphore(cfg.rollout_workers)
-    display.start(len(tasks), "world-model tasks: reference solutions in the sandbox")
+        seen.add(ident)
+        tasks.append(dataclasses.replace(task, task_id=GENERATED_PREFIX[key] + task.task_id))
 
-    async def one(task):
-        async with gate:
-            record = await run_scripted(task, task.solution, sandbox)
-        display.advance(1)
-        return task, record
+    async def run() -> list[dict]:
+        gate = asyncio.Semaphore(cfg.rollout_workers)
+        display.start(len(tasks), f"{key.replace('_', ' ')}: reference solutions in the sandbox")
 
-    try:
-        results = await asyncio.gather(*(one(t) for t in tasks))
-    finally:
-        display.finish()
-    kept = [(task, {**record.to_dict(), "family": task.family, "instruction": task.instruction,
-                    "split": "train"})
-            for task, record in results if record.reward == 1.0]
-    return kept, {"generated": cfg.world_model_tasks, "duplicates": duplicates,
-                  "failed": len(results) - len(kept), "kept": len(kept), "families": families}
+        async def one(task):
+            async with gate:
+                record = await run_scripted(task, task.solution, sandbox)
+            display.advance(1)
+            return {**record.to_dict(), "family": task.family, "instruction": task.instruction, "split": "train"}
+
+        try:
+            return await asyncio.gather(*(one(t) for t in tasks))
+        finally:
+            display.finish()
+
+    rows = {row["task_id"]: row for row in episodes(key, lambda: _run_apart(run()))}
+    kept = [(task, rows[task.task_id]) for task in tasks if rows[task.task_id].get("reward") == 1.0]
+    done(key, {"generated": count, "duplicates": duplicates, "failed": len(tasks) - len(kept),
+               "kept": len(kept), "families": families})
+    return kept
 
 
 def _run_apart(coro):

@@ -52,7 +52,7 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 @contextlib.contextmanager
-def _no_progress_bars():
+def no_progress_bars():
     """No "Writing model shards" / "Loading weights" bars for a few MB (they garble displays)."""
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
@@ -65,7 +65,7 @@ def _no_progress_bars():
 
 def save(model: Any, tokenizer: Any, path: str | os.PathLike[str]) -> None:
     """An ordinary model folder: weights, config and the tokenizer, loadable by `load_pretrained`."""
-    with _no_progress_bars():
+    with no_progress_bars():
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
 
@@ -73,6 +73,6 @@ def save(model: Any, tokenizer: Any, path: str | os.PathLike[str]) -> None:
 def load_pretrained(name_or_path: str | os.PathLike[str], *, dtype: Any = "auto", device: str = "cpu"):
     """(model, tokenizer) from a local folder or a hub name: the same call serves both."""
     tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
-    with _no_progress_bars():
+    with no_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype)
     return model.to(device).eval(), tokenizer

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from transformers import PrinterCallback, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from obsspec.models.config import TinyModelConfig
+from obsspec.models.tiny import no_progress_bars
 from obsspec.tokens import ChatFormat, transcript, wm_row
 from obsspec.progress import Display, NullDisplay
 
@@ -140,6 +142,8 @@ class _Progress(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.display.start(state.max_steps, self.label)
+        if state.global_step:  # resumed from a checkpoint
+            self.display.advance(state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
         self.display.advance(1)
@@ -161,8 +165,8 @@ def planned_steps(cfg: TinyModelConfig, examples: int) -> int:
 
 def sft_config(cfg: TinyModelConfig, out_dir: str, seed: int, steps: int = -1,
                **overrides: Any) -> SFTConfig:
-    """Tiny-model settings: fp32, no gradient checkpointing (tiny activations), no saving; the GPU
-    when there is one, else the CPU."""
+    """Tiny-model settings: fp32, no gradient checkpointing (tiny activations), no saving (unless
+    overridden); the GPU when there is one, else the CPU."""
     args = dict(
         output_dir=out_dir, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
         activation_checkpointing=False,
@@ -182,23 +186,36 @@ def sft_config(cfg: TinyModelConfig, out_dir: str, seed: int, steps: int = -1,
 
 def train(model: Any, tokenizer: Any, train_rows: list[dict], eval_rows: list[dict],
           cfg: TinyModelConfig, out_dir: str, seed: int = 0, label: str = "sft",
-          display: Display | None = None, measure_train: bool = True) -> dict:
+          display: Display | None = None, measure_train: bool = True, checkpoint_steps: int = 0) -> dict:
     """Train `model` in place on pre-tokenized rows; return loss figures and timings.
 
     Losses are token-mean NLL (nats) over the masked tokens: `eval_loss` on `eval_rows` and, with
     `measure_train`, `train_loss` on an evenly spread sample of TRAIN_SAMPLE train rows.
+    `checkpoint_steps` > 0: save a checkpoint (weights, optimizer, scheduler, data position, RNG
+    states) into `out_dir` about every that many steps (rounded to whole epochs), and resume from
+    the latest one found there: a killed build goes on where it stopped and ends with the bytes
+    an unbroken one would. The checkpoints are removed once training is done.
     """
     display = display or NullDisplay()
     t0 = time.monotonic()
     steps = planned_steps(cfg, len(train_rows))
+    # Checkpoints fall on epoch ends: the Trainer draws each epoch's data order when the epoch
+    # begins, so only there does a resumed run draw the order an unbroken one would.
+    per_epoch = math.ceil(len(train_rows) / cfg.batch_size)
+    every = per_epoch * max(1, round(checkpoint_steps / per_epoch))
+    saving = dict(save_strategy="steps", save_steps=every, save_total_limit=1) if checkpoint_steps else {}
+    resume = _last_checkpoint(out_dir) if checkpoint_steps else None
     with _quiet():
         trainer = CompactSFTTrainer(
-            model=model, args=sft_config(cfg, out_dir, seed, steps), processing_class=tokenizer,
+            model=model, args=sft_config(cfg, out_dir, seed, steps, **saving), processing_class=tokenizer,
             train_dataset=Dataset.from_list(train_rows), callbacks=[_Progress(display, label)],
         )
     trainer.remove_callback(PrinterCallback)  # progress goes through the Display instead
+    if resume:
+        display.log(f"{label}: resuming from {resume}")
     if steps > 0:
-        trainer.train()
+        with no_progress_bars():  # (checkpoint saves would draw "Writing model shards" bars)
+            trainer.train(resume_from_checkpoint=resume)
     train_sec = time.monotonic() - t0
     logged = [e for e in trainer.state.log_history if "loss" in e]
     report = {
@@ -239,9 +256,14 @@ def _quiet():
             datasets.enable_progress_bars()
 
 
+def _last_checkpoint(out_dir: str) -> str | None:
+    """The Trainer's latest `checkpoint-N` folder in `out_dir` (by N), or None."""
+    steps = [int(n.split("-")[1]) for n in os.listdir(out_dir) if n.startswith("checkpoint-") and
+             n.split("-")[1].isdigit()] if os.path.isdir(out_dir) else []
+    return os.path.join(out_dir, f"checkpoint-{max(steps)}") if steps else None
+
+
 def _cleanup(out_dir: str) -> None:
-    # save_strategy="no" leaves at most an empty folder behind.
-    try:
-        os.rmdir(out_dir)
-    except OSError:
-        pass
+    # Checkpoints (and the model card the Trainer writes beside them) are only for resuming;
+    # save_strategy="no" leaves at most an empty folder.
+    shutil.rmtree(out_dir, ignore_errors=True)

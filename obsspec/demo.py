@@ -3,10 +3,13 @@
 1. prepare the built-in task suite in the sandbox (every instance validated);
 2. play one task's reference solution turn by turn, each tool call and observation exactly as the
    agent sees it, and the verifier's reward;
-3. train: `obsspec train` on the recipe (it builds or reuses the tiny model kit first) — GRPO
-   steps with speculative rollouts in real sandboxes and world-model co-training, with the live
-   display (hit rate, time hidden by speculation), then val success before and after and a
-   table of the run. Tool latency includes an EMULATED remote-sandbox delay, as the table says.
+3. train: `obsspec train` on the recipe (its pretrained tiny bases, or the kit built on first
+   use) — GRPO steps with speculative rollouts in real sandboxes and world-model co-training,
+   with the live display (hit rate, time hidden by speculation), then val success before and
+   after per family and a table of the run. Tool latency includes an EMULATED remote-sandbox
+   delay, as the table says;
+4. measure: `obsspec rollout --mode both` on val tasks, DEMO_ROLLOUT at once, `rollout.pairs`
+   alternating sequential/speculative pairs: the net latency reduction with its 95 % interval.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ async def _demo(recipe: Recipe, out_dir: str, display: Display, emit) -> dict:
             "sample_turns": len(record.steps), "sample_reward": record.reward, "idle_reward": idle.reward}
 
 
+DEMO_ROLLOUT = {"concurrency": 4, "num_tasks": 4}  # 16 episodes per pass, 4 at once: a few minutes
 DEMO_MARK = ".obsspec-demo"  # in a training run the demo started, which the next demo may replace
 
 
@@ -85,6 +89,17 @@ def run_demo(recipe: Recipe, out_dir: str, display: Display) -> dict:
     train_dir = fresh_train_dir(os.path.join(out_dir, "train"), emit)
     summary["train"] = run_training(train_recipe, train_dir, False, make_live(live_kind, "training"), display)
     print_training_table(summary["train"], recipe.rollout.latency)
+
+    from obsspec.rollout_run import run_rollout
+    from obsspec.ui.tables import print_rollout_table
+
+    measure = dataclasses.replace(train_recipe, rollout=dataclasses.replace(train_recipe.rollout, **DEMO_ROLLOUT))
+    emit(f"\nspeculation, measured: {recipe.rollout.pairs} pairs of sequential and speculative rollouts "
+         f"of {measure.rollout.num_tasks} val tasks x {recipe.train.group_size} episodes, "
+         f"{measure.rollout.concurrency} at once, same seeds, alternating order", "bold")
+    summary["rollout"] = run_rollout(measure, os.path.join(out_dir, "rollout"), "both", "",
+                                     make_live(live_kind, "rollout"), display)
+    print_rollout_table(summary["rollout"])
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     return summary

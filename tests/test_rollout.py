@@ -450,3 +450,15 @@ class NoWorldModel(Base):
 
     async def predict(self, request):
         return []
+
+
+def test_the_world_models_own_verdicts_are_counted_per_command_class():
+    """spec/wm_class_hits: drafts of the world model compared with the real output, by command
+    class; other sources' drafts (cache, sibling) are not the world model's hits."""
+    from obsspec.rollout.events import Event
+
+    m = SpecMetrics()
+    for source, cls, hit in [("world_model", "ls", True), ("world_model", "ls", False), ("world_model", "cat", True),
+                             ("history", "ls", True), ("sibling", "cat", True)]:
+        m(Event("draft_verdict", 0.0, 0, 1, {"p": 0.5, "hit": hit, "source": source, "cls": cls}))
+    assert m.summary()["spec/wm_class_hits"] == {"cat": [1, 1], "ls": [1, 2]}

@@ -417,3 +417,20 @@ def test_cotraining_continues_from_the_adapter_the_run_started_with(tmp_path):
         co.store.get = lambda version: SimpleNamespace(path=f"/published/v{version}")
         co.start(2, "rows.jsonl")
         assert Worker.jobs[-1]["init"] == "/published/v1"
+
+
+def test_the_training_table_shows_val_success_per_family_and_the_world_models_hits_per_class(capsys):
+    from obsspec.ui.tables import print_training_table
+
+    summary = {"steps": 2, "wm_class_hits": {"cat": [3, 4], "ls": [1, 5]},
+               "eval": {"before": {"success_frac": 0.25, "success_by_kind": {"dir-stats/lines": [1, 2],
+                                                                             "dir-stats/words": [0, 2],
+                                                                             "count-lines": [1, 4]}},
+                        "after": {"success_frac": 0.5, "success_by_kind": {"dir-stats/lines": [2, 2],
+                                                                           "dir-stats/words": [1, 2],
+                                                                           "count-lines": [1, 4]}}}}
+    print_training_table(summary, None)
+    out = capsys.readouterr().out
+    assert "val success on dir-stats, before → after" in out and "25.0% → 75.0%" in out
+    assert "val success on count-lines" in out and "25.0% → 25.0%" in out
+    assert "cat 3/4, ls 1/5" in out

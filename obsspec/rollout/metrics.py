@@ -119,6 +119,7 @@ class SpecMetrics:
         # (bin, "n" | "hits" | "p") -> count, or sum of p in units of P_UNIT (integers: merged
         # processes add up to exactly the same sums in any order)
         self.calibration = Counter()
+        self.wm_verdicts = Counter()          # (command class, "n" | "hits") of the world model's own drafts
         self.delay = None                     # the policy engine's SchedulingStats over the batch
 
     def merge(self, other: "SpecMetrics") -> None:
@@ -182,6 +183,9 @@ class SpecMetrics:
             self.calibration[(b, "n")] += 1
             self.calibration[(b, "hits")] += bool(d["hit"])
             self.calibration[(b, "p")] += round(d["p"] / P_UNIT)
+            if _source(d) == "world_model":
+                self.wm_verdicts[(d["cls"], "n")] += 1
+                self.wm_verdicts[(d["cls"], "hits")] += bool(d["hit"])
         elif e.kind == "request_end":
             self.outcomes[(d["role"], d["outcome"])] += 1
             if d["role"] == "policy" and d["outcome"] == "cancelled":
@@ -241,6 +245,9 @@ class SpecMetrics:
             **{f"spec/skipped_{r}": self.skip_reasons[r] for r in SKIP_REASONS},
             "spec/gate_passed": self.gate_passed,
             "calibration": self.calibration_table(),
+            # the world model's own drafts compared with the real output, per command class
+            "spec/wm_class_hits": {cls: [self.wm_verdicts[(cls, "hits")], n]
+                                   for (cls, kind), n in sorted(self.wm_verdicts.items()) if kind == "n"},
             "committed_delay_frac": self.delay.delay_frac if self.delay is not None else None,
             "spec/unusable_frac": self.arrived_unusable / in_time if in_time else None,
             "spec/no_draft": max(0, c["wm_draft"] - in_time),

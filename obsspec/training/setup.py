@@ -210,6 +210,7 @@ class TrainingRun:
                 "wm_hits": sum(r.get("spec/hits_wm") or 0 for r in rows),
                 "cache_hits": sum(r.get("spec/hits_cache") or 0 for r in rows),
                 "sibling_hits": sum(r.get("spec/hits_sibling") or 0 for r in rows),
+                "wm_class_hits": _sum_pairs(r.get("spec/wm_class_hits") or {} for r in rows),
                 "skips": {reason: sum(r.get(f"spec/skipped_{reason}") or 0 for r in rows)
                           for reason in SKIP_REASONS},
                 "committed_delay_frac_max": max((r.get("committed_delay_frac") or 0.0 for r in rows), default=None),
@@ -224,6 +225,16 @@ class TrainingRun:
         self.policy_engine.close()
         if self.wm_engine is not None:
             self.wm_engine.close()
+
+
+def _sum_pairs(tables) -> dict:
+    """{key: [a, b]} tables summed key by key."""
+    out: dict = {}
+    for table in tables:
+        for key, (a, b) in table.items():
+            x, y = out.get(key, (0, 0))
+            out[key] = [x + a, y + b]
+    return dict(sorted(out.items()))
 
 
 # ---------------------------------------------------------------------------------------------

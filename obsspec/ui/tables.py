@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 
 def cell(v, pct: bool = False) -> str:
     """One value as a table shows it (the terminal tables and the HTML report alike)."""
@@ -88,6 +90,19 @@ def _few(by_kind: dict, most: int = 10) -> dict:
     return by_kind if len(by_kind) <= most else {}
 
 
+def _val_by_family(ev: dict) -> dict:
+    """family -> [val success before, after] from the evaluations' "family/kind" counts."""
+    def by_family(result: dict) -> dict:
+        won, scored = Counter(), Counter()
+        for key, (w, n) in (result.get("success_by_kind") or {}).items():
+            won[key.split("/")[0]] += w
+            scored[key.split("/")[0]] += n
+        return {f: won[f] / scored[f] for f in scored if scored[f]}
+
+    before, after = by_family(ev.get("before", {})), by_family(ev.get("after", {}))
+    return {f: [before.get(f), after.get(f)] for f in sorted(set(before) | set(after))}
+
+
 def print_training_table(summary: dict, latency) -> None:
     """The end of `obsspec train` (and the demo): reward over the run, val before/after, speculation."""
     from rich.console import Console
@@ -107,10 +122,14 @@ def print_training_table(summary: dict, latency) -> None:
           for kind, (first, last) in _few(summary.get("success_by_kind") or {}).items()],
         ("val success before training", cell(ev.get("before", {}).get("success_frac"), True)),
         ("val success after training", cell(ev.get("after", {}).get("success_frac"), True)),
+        *[(f"  val success on {family}, before → after", f"{cell(before, True)} → {cell(after, True)}")
+          for family, (before, after) in _few(_val_by_family(ev)).items()],
         ("hit rate (mean over steps)", cell(summary.get("hit_rate_mean"), True)),
         # the cache answers what a group member already saw: it must not hide the world model's own
         ("  world model's own drafts (hits, mean hit rate)",
          f"{cell(summary.get('wm_hits'))}, {cell(summary.get('wm_hit_rate_mean'), True)}"),
+        ("  world model's own drafts by command class (hits/compared)",
+         ", ".join(f"{c} {h}/{n}" for c, (h, n) in (summary.get("wm_class_hits") or {}).items()) or "-"),
         ("  history cache (hits, mean hit rate)",
          f"{cell(summary.get('cache_hits'))}, {cell(summary.get('cache_hit_rate_mean'), True)}"),
         ("  sibling episodes' results (hits)", cell(summary.get("sibling_hits"))),

@@ -14,6 +14,7 @@ import time
 
 from obsspec.models.bases import MANIFEST, MANIFEST_FORMAT, suite_hashes
 from obsspec.progress import Display, NullDisplay
+from obsspec.provenance import commit
 
 CHECKPOINT_STEPS = 100  # trainer checkpoints of a bases build, about every this many steps (whole epochs)
 
@@ -97,6 +98,7 @@ def _manifest(recipe, paths, tasks_dir: str, snapshot_tokens: int, quality: dict
         "quality": {"policy": policy_figures(quality.get("warm", {})),
                     **{k: wm_figures(v) for k, v in quality.items() if k.startswith("world_model_")},
                     "sampling": quality.get("sampling")},
+        "code": commit(),
         "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "torch": torch.__version__, "transformers": transformers.__version__},
         "date": time.strftime("%Y-%m-%d", time.gmtime()),

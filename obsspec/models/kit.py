@@ -48,8 +48,9 @@ from obsspec.rollout.scheduler import Sampling
 from obsspec.progress import Display, NullDisplay
 
 KIT_FORMAT = 3  # bump when the layout or the training recipe changes, to invalidate old kits (3: listing atoms)
-# the snapshot's text and use (2: the sandbox's `ls -lR`; 3: also in the tokenizer's corpus); in the key when on
-SNAPSHOT_FORMAT = 3
+# the snapshot's text and use (2: the sandbox's `ls -lR`; 3: also in the tokenizer's corpus; 4: not in it
+# again: the tokenizer and the policy do not depend on the snapshot); in the key when on
+SNAPSHOT_FORMAT = 4
 TRAJECTORIES = "trajectories.jsonl"
 TRAIN_TASKS = "train.jsonl"
 VAL_TASKS = "val.jsonl"
@@ -202,11 +203,11 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         with open(path) as f:
             return [json.loads(line) for line in f if line.strip()]
 
-    # With snapshots on, their text is in the tokenizer's corpus too: the directory lines of a
-    # snapshot's `ls -lR` (`drwxr-xr-x 2 agent agent ...`) then get listing atoms like the files'
-    # lines, and the world model copies a listing on the same tokens it was trained on.
+    # The snapshots' text is not in the tokenizer's corpus: the tokenizer (and with it the
+    # policy) is the same with and without them, so switching the world model's snapshot on
+    # retrains the world model only. A listing in a snapshot and in an observation has the
+    # same tokens either way.
     texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers)) if snapshot_tokens else {}
-    train_ids = {r["task_id"] for r in train_rows}
     # With mistakes on, the error messages are in the corpus too: `No such file or directory` is
     # then a few tokens, not a dozen fragments the world model must spell out one by one.
     t1 = time.monotonic()
@@ -221,11 +222,9 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
 
         tokenizer = AutoTokenizer.from_pretrained(paths.tokenizer)
     else:
-        corpus = (corpus_texts(train_rows + policy_extra)
-                  + [text for tid, text in sorted(texts.items()) if tid in train_ids] + corpus_texts(mistake_rows))
+        corpus = corpus_texts(train_rows + policy_extra) + corpus_texts(mistake_rows)
         display.log(f"tiny model kit: training a {cfg.vocab_size}-token BPE on "
                     f"{len(train_rows) + len(policy_extra)} train trajectories"
-                    + (" and their workspace snapshots" if texts else "")
                     + (f" and {len(mistake_rows)} episodes with a mistake" if mistake_rows else ""))
         tokenizer = train_tokenizer(corpus, cfg.vocab_size, cfg.digits_per_token)
         _save_atomically(paths.tokenizer, tokenizer.save_pretrained)

@@ -608,7 +608,11 @@ def test_committed_work_never_queues_behind_speculative_work(model, batch_invari
     solo, together, log, blocked = run(main())
     assert not blocked, "the committed request waited for speculative work to finish"
     last = len(together.token_ids) - 1  # its decode steps: the first token comes from prefill
-    spec_steps = {s0 + s1 for c, s0, s1 in log if c is not None and c < last}
+    inside = [s0 + s1 for c, s0, s1 in log if c is not None and c < last]
+    # The first pass logged with the committed request in the engine may be a speculative one
+    # the engine chose just before the request arrived (the log is written when a pass starts,
+    # on a loaded machine well after the choice): no pass after it may be speculative.
+    spec_steps = set(inside[1:])
     assert len(spec_steps) == 1, "speculative rows decoded while committed work was in the engine"
     assert log[-1][1] + log[-1][2] > spec_steps.pop(), "speculative rows never resumed"
     assert together.token_ids == solo.token_ids

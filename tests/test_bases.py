@@ -124,3 +124,16 @@ def test_bases_names_and_missing_folders_are_clear(tmp_path):
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "obsspec build-bases" in result.output
     result = CliRunner().invoke(app, ["build-bases", "recipes/tiny-cpu.yaml", "kit.bases="])
     assert result.exit_code == 2 and "--out DIR or kit.bases" in result.output
+
+
+def test_a_work_folder_of_other_task_settings_is_refused(tmp_path):
+    from obsspec.env.suite import suite_settings
+    from obsspec.models.bases_build import build_bases
+
+    recipe = load_recipe("recipes/tiny-cpu.yaml", [])
+    os.makedirs(tmp_path / "tasks")
+    other = dataclasses.replace(recipe.tasks, num_instances=7)
+    with open(tmp_path / "tasks" / "manifest.json", "w") as f:
+        json.dump({"tasks": suite_settings(other)}, f)
+    with pytest.raises(bases.BasesError, match="other tasks.* settings.*--work"):
+        build_bases(recipe, str(tmp_path / "out"), str(tmp_path))

@@ -12,7 +12,7 @@ import platform
 import shutil
 import time
 
-from obsspec.models.bases import MANIFEST, MANIFEST_FORMAT, suite_hashes
+from obsspec.models.bases import MANIFEST, MANIFEST_FORMAT, BasesError, suite_hashes
 from obsspec.progress import Display, NullDisplay
 from obsspec.provenance import commit
 
@@ -26,7 +26,7 @@ def build_bases(recipe, out: str, work: str, display: Display | None = None, com
     every stage's output stays in `work`."""
     import asyncio
 
-    from obsspec.env.suite import prepare_tasks
+    from obsspec.env.suite import prepare_tasks, suite_settings
     from obsspec.models.evaluate import evaluate_val
     from obsspec.models.kit import KitPaths, build_kit, kit_key
     from obsspec.rollout.config import sampling
@@ -35,9 +35,14 @@ def build_bases(recipe, out: str, work: str, display: Display | None = None, com
     t0 = time.monotonic()
     snapshot_tokens = recipe.world_model.snapshot_tokens if recipe.world_model.workspace_snapshot else 0
     tasks_dir = os.path.join(work, "tasks")
-    if not os.path.exists(os.path.join(tasks_dir, "manifest.json")):
+    prepared = os.path.join(tasks_dir, "manifest.json")
+    if not os.path.exists(prepared):
         display.log(f"bases: preparing the task suite in {tasks_dir}")
         asyncio.run(prepare_tasks(recipe.tasks, recipe.sandbox, tasks_dir, display))
+    with open(prepared) as f:
+        if json.load(f)["tasks"] != suite_settings(recipe.tasks):  # a work folder of other settings
+            raise BasesError(f"{tasks_dir} was prepared with other tasks.* settings than the recipe's: "
+                             "give another --work (or remove that folder)")
     settings = sampling(recipe.policy, recipe.rollout.seed)
     key = kit_key(tasks_dir, recipe.kit, recipe.sandbox, settings, snapshot_tokens)
     paths = KitPaths.under(os.path.join(work, f"kit-{key[:16]}"))

@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass
 
 from obsspec.env.sandbox import SandboxConfig
+from obsspec.jsonl import read_jsonl, write_json, write_jsonl
 from obsspec.models.config import KitConfig
 from obsspec.rollout.scheduler import Sampling
 from obsspec.progress import Display, NullDisplay
@@ -193,15 +194,14 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
 
     def done(name: str, value) -> None:  # a stage's figures, kept for a resumed build
         report[name] = value
-        _write_json(partial, {**report, "build_sec_before": report["build_sec_before"] + time.monotonic() - t0})
+        write_json(partial, {**report, "build_sec_before": report["build_sec_before"] + time.monotonic() - t0})
 
     def episodes(name: str, run) -> list[dict]:
         """Rows of a batch of sandbox episodes: from `name`.jsonl when an earlier build made them."""
         path = os.path.join(out_dir, name + ".jsonl")
         if not os.path.exists(path):
-            _write_jsonl(path, run())
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            write_jsonl(path, run())
+        return read_jsonl(path)
 
     # The snapshots' text is not in the tokenizer's corpus: the tokenizer (and with it the
     # policy) is the same with and without them, so switching the world model's snapshot on
@@ -296,7 +296,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         wm_train = wm_train + from_rollouts
     train("world_model", cfg.world_model, wm_train, wm_val, dropped, paths.world_model)
     report["build_sec"] = round(report.pop("build_sec_before") + time.monotonic() - t0, 1)
-    _write_json(paths.report, report)
+    write_json(paths.report, report)
     os.remove(partial)
     display.log(f"tiny model kit: built in {report['build_sec']:.0f}s")
     return report
@@ -310,19 +310,6 @@ def _read_json(path: str) -> dict | None:
         return None
     with open(path) as f:
         return json.load(f)
-
-
-def _write_json(path: str, obj: dict) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
-
-
-def _write_jsonl(path: str, rows: list[dict]) -> None:
-    with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps(row, sort_keys=True) + "\n" for row in rows)
-    os.replace(path + ".tmp", path)
 
 
 def _save_atomically(path: str, save) -> None:

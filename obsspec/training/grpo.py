@@ -31,6 +31,7 @@ import json
 import os
 
 from obsspec.config import Recipe
+from obsspec.jsonl import write_json
 from obsspec.training.config import TrainConfig, TrainError
 
 
@@ -132,7 +133,7 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     state.wait_for_everyone()
     if state.is_main_process:
         os.makedirs(out_dir, exist_ok=True)
-        _write_json(os.path.join(out_dir, "recipe.json"), _recipe_json(recipe))
+        write_json(os.path.join(out_dir, "recipe.json"), _recipe_json(recipe))
         for path in found.incomplete:  # interrupted saves: the redone steps save into these names
             checkpoints.remove(path)
     training_plan(recipe, state.num_processes)  # the batch arithmetic fails here, before any work
@@ -145,7 +146,7 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
         evals = _read_json(os.path.join(out_dir, "eval.json")) or {}
         if "before" not in evals and state.is_main_process and recipe.train.eval_tasks:
             evals["before"] = run.evaluate("val before training", "val-before")
-            _write_json(os.path.join(out_dir, "eval.json"), evals)
+            write_json(os.path.join(out_dir, "eval.json"), evals)
         trainer = run.trainer(grpo_args(recipe.train, recipe, out_dir, state.num_processes))
         log_tensorboard_to(trainer, os.path.join(out_dir, "tensorboard"))
         trainer.train(resume_from_checkpoint=checkpoint)
@@ -153,12 +154,12 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
         run.sync_policy(trainer)
         if state.is_main_process and recipe.train.eval_tasks:
             evals["after"] = run.evaluate("val after training", "val-after")
-            _write_json(os.path.join(out_dir, "eval.json"), evals)
+            write_json(os.path.join(out_dir, "eval.json"), evals)
         summary = run.summary(trainer, evals) if state.is_main_process else {}
     finally:
         run.close()
     if state.is_main_process:
-        _write_json(os.path.join(out_dir, "summary.json"), summary)
+        write_json(os.path.join(out_dir, "summary.json"), summary)
     return summary
 
 
@@ -213,10 +214,3 @@ def _read_json(path: str):
             return json.load(f)
     except (ValueError, OSError) as e:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
         raise TrainError(f"{path}: not a readable run file ({e})") from None
-
-
-def _write_json(path: str, data) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)

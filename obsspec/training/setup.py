@@ -26,7 +26,7 @@ import os
 from transformers import TrainerCallback
 
 from obsspec.config import Recipe
-from obsspec.jsonl import read_jsonl
+from obsspec.jsonl import read_jsonl, write_jsonl
 from obsspec.env.suite import interleave, load_tasks, spread
 from obsspec.rollout.config import make_gate, sampling
 from obsspec.rollout.predictors import WithHistory
@@ -305,7 +305,4 @@ def _truncate_metrics(path: str, step: int) -> None:
     with open(path.replace("metrics.jsonl", "metrics-discarded.jsonl"), "a") as f:
         for r in dropped:
             f.write(json.dumps(r, sort_keys=True) + "\n")
-    with open(path + ".tmp", "w") as f:
-        for r in keep:
-            f.write(json.dumps(r, sort_keys=True) + "\n")
-    os.replace(path + ".tmp", path)
+    write_jsonl(path, keep)

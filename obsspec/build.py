@@ -1,6 +1,7 @@
 """A recipe's working parts: the one place where a recipe becomes engines, predictors and tools.
 
     policy_path, wm_path = model_paths(recipe, display)          # builds the tiny kit if named
+    servers = launch_servers(recipe, policy_path, wm_path, out_dir, display)  # servers.launch
     policy, tokenizer = make_engine(recipe.policy, policy_path, recipe.policy.max_batch_size)
     wm_engine = world_model_engine(recipe, wm_path, tokenizer)
     predictor = world_model_predictor(recipe, ChatFormat(tokenizer), wm_engine, adapter=None, seed=0)
@@ -76,17 +77,36 @@ def model_paths(recipe: Recipe, display: Display) -> tuple[str, str]:
     return policy, wm
 
 
+def launch_servers(recipe: Recipe, policy_path: str, wm_path: str, out_dir: str, display: Display):
+    """With `servers.launch`, the recipe's vLLM servers, started and serving (logs in
+    OUT_DIR/servers); else None. The caller stops them (`.stop()`)."""
+    from obsspec.engines.server import Servers, server_specs
+
+    specs = server_specs(recipe, policy_path, wm_path) if recipe.servers.launch else []
+    if not specs:
+        return None
+    servers = Servers(specs, os.path.join(out_dir, "servers"), display)
+    servers.start()
+    return servers
+
+
 def make_engine(cfg, path: str, max_batch_size: int = 32, **hf_options):
     """(engine, tokenizer) for a policy or world-model section: the engine the recipe names
     (`hf_options`: the world model's `WorldModelConfig.hf_options`, for the hf engine)."""
     if cfg.engine == "vllm":
         from transformers import AutoTokenizer
 
-        from obsspec.engines.vllm import VLLMEngine
+        from obsspec.engines.vllm import VLLMEngine, VLLMServerError
 
         # (a world model's drafts are all committed work of their own server: no priorities)
         priority = isinstance(cfg, PolicyConfig) and cfg.priority_scheduling
-        return VLLMEngine(cfg.server_url, path, priority_scheduling=priority), AutoTokenizer.from_pretrained(path)
+        engine = VLLMEngine(cfg.server_url, path, priority_scheduling=priority)
+        try:
+            engine.check_model()  # the served name must be the model's string exactly
+        except VLLMServerError as e:
+            section = "policy" if isinstance(cfg, PolicyConfig) else "world_model"
+            raise RolloutError(f"{section}.server_url {cfg.server_url}: {e}") from None
+        return engine, AutoTokenizer.from_pretrained(path)
     from obsspec.engines.hf import HFEngine
     from obsspec.models.tiny import load_pretrained
 

@@ -4,6 +4,7 @@
     obsspec shell find-by-name-00003 -c 'ls -la'
     obsspec validate recipes/tiny-cpu.yaml
     obsspec build-bases recipes/tiny-cpu-bases.yaml
+    obsspec serve recipes/tiny-cpu-vllm.yaml
     obsspec train-worldmodel recipes/tiny-cpu.yaml --data runs/tasks --data runs/rollout
     obsspec demo
     obsspec report runs/rollout
@@ -42,6 +43,7 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from obsspec.engines.server import ServerError
         from obsspec.env.harbor import HarborImportError
         from obsspec.env.sandbox import SandboxUnavailable
         from obsspec.env.suite import SuiteError
@@ -55,7 +57,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except (ConfigError, SuiteError, BasesError, HarborImportError, SandboxUnavailable, RolloutError,
-                ReportError, SimError, TrainError, WorldModelError) as e:
+                ReportError, SimError, TrainError, WorldModelError, ServerError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)
 
@@ -323,6 +325,54 @@ def build_bases_cmd(
                            command)
     _print_summary({"out": target, "build_sec": manifest["build_sec"], "models": manifest["models"],
                     "quality": manifest["quality"]})
+
+
+@app.command("serve")
+@user_errors
+def serve_cmd(
+    recipe: str = typer.Argument(..., help="Recipe whose policy / world_model sections use engine vllm."),
+    overrides: List[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    print_only: bool = typer.Option(False, "--print", help="Print the servers' command lines and exit."),
+    logs: str = typer.Option("", "--logs", help="Folder for the servers' logs (default: RUN_DIR/servers)."),
+    display: str = typer.Option("auto", "--display", help=DISPLAY_HELP),
+):
+    """Start the vLLM servers a recipe needs, wait until they serve, and keep them until Ctrl-C.
+
+    One server per section on `engine: vllm`, on its `server_url`'s port, with the flags its
+    rollouts and training need (LoRA loading at run time, the sampled distribution's logprobs,
+    the context length, the trainer's dtype; on CPU one core each): obsspec/engines/server.py
+    says what each is for. `--print` shows the exact lines (what to run on a GPU machine by
+    hand). With `servers.launch: true` in the recipe, `obsspec rollout` and `obsspec train` start
+    and stop them themselves. A `tiny` model is resolved to its kit first.
+
+    **Examples**
+
+        obsspec serve recipes/tiny-cpu-vllm.yaml
+
+        obsspec serve recipes/terminal-8b.yaml --print
+    """
+    import time
+
+    from obsspec.build import model_paths
+    from obsspec.engines.server import Servers, server_specs
+
+    rec = _load(recipe, overrides or [])
+    progress = _display(display)
+    policy_path, wm_path = model_paths(rec, progress)
+    specs = server_specs(rec, policy_path, wm_path)
+    if not specs:
+        raise ConfigError("serve: no section of this recipe uses engine vllm (policy.engine, world_model.engine)")
+    if print_only:
+        for spec in specs:
+            typer.echo(f"# {spec.role}\n{spec.shell()}")
+        return
+    with Servers(specs, logs or os.path.join(rec.run_dir, "servers"), progress):
+        typer.echo("serving: " + ", ".join(f"{s.role} {s.url}" for s in specs) + " (Ctrl-C stops them)")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            typer.echo("stopping the servers")
 
 
 @app.command("validate")

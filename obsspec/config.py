@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from obsspec.engines.server import ServersConfig
 from obsspec.env.sandbox import SandboxConfig
 from obsspec.env.suite import TasksConfig
 from obsspec.fields import doc, to_dict  # to_dict: also this module's, for the recipe as plain data
@@ -56,6 +57,8 @@ class Recipe:
                                              "co-training, checkpoints.")
     wm_train: WorldModelTrainConfig = doc(WorldModelTrainConfig(), "World-model LoRA fine-tuning "
                                           "(`obsspec train-worldmodel`, and co-training).")
+    servers: ServersConfig = doc(ServersConfig(), "vLLM servers obsspec starts itself (sections on "
+                                                  "engine vllm).")
 
     def __post_init__(self) -> None:
         if self.name in ("", ".", "..") or "/" in self.name or "\0" in self.name:
@@ -83,6 +86,9 @@ class Recipe:
             raise ValueError(f"train.families {sorted(set(t.families) - set(self.tasks.families))} are not in the "
                              f"suite this recipe prepares (tasks.families {list(self.tasks.families)}): training "
                              "would find no task of them; add them to tasks.families or drop them")
+        if self.servers.launch and "vllm" not in (self.policy.engine, self.world_model.engine):
+            raise ValueError("servers.launch is on but no section uses engine vllm: set policy.engine "
+                             "or world_model.engine to vllm, or servers.launch to false")
         need = min_draft_tokens(self.sandbox.output_cap)
         if self.world_model.max_tokens < need:
             raise ValueError(f"world_model.max_tokens ({self.world_model.max_tokens}) cannot hold an "

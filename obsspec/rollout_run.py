@@ -24,8 +24,8 @@ import json
 import os
 import statistics
 
-from obsspec.build import (RolloutError, ensure_tasks, make_engine, model_paths, predictor_for, tool_factory,
-                           world_model_engine)
+from obsspec.build import (RolloutError, ensure_tasks, launch_servers, make_engine, model_paths, predictor_for,
+                           tool_factory, world_model_engine)
 from obsspec.config import Recipe
 from obsspec.engines.base import GenerationRequest
 from obsspec.env.suite import load_tasks, spread
@@ -70,6 +70,18 @@ async def _run(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, d
     else:
         episodes, recorded = await episode_tasks(recipe, display), None
     policy_path, wm_path = _recorded_models(recipe, replay_dir) or model_paths(recipe, display)
+    servers = launch_servers(recipe, policy_path, wm_path, out_dir, display)
+    try:
+        return await _run_on(recipe, out_dir, mode, replay_dir, live, policy_path, wm_path, adapter,
+                             episodes, recorded)
+    finally:
+        if servers is not None:
+            servers.stop()
+
+
+async def _run_on(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live, policy_path: str,
+                  wm_path: str, adapter, episodes: list[Task], recorded) -> dict:
+    cfg, pol = recipe.rollout, recipe.policy
     policy, tokenizer = make_engine(pol, policy_path, pol.max_batch_size)
     fmt = ChatFormat(tokenizer)
     wm_engine = None

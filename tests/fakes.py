@@ -132,13 +132,14 @@ class VLLMProtocolServer:
             VLLMEngine(server.url, "policy")
     """
 
-    def __init__(self, engine, model_name: str, priority_scheduling: bool = False):
+    def __init__(self, engine, model_name: str, priority_scheduling: bool = False, max_model_len: int = 2048):
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         outer = self
         self.engine, self.model_name, self.calls = engine, model_name, []
         self.priority_scheduling, self.priorities = priority_scheduling, []
+        self.max_model_len = max_model_len
         self.lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
@@ -147,10 +148,14 @@ class VLLMProtocolServer:
             def log_message(self, *args):
                 pass
 
+            def do_GET(self):
+                self.do_POST()
+
             def do_POST(self):
                 import json
 
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else {}
                 status, reply = outer.answer(self.path, body)
                 data = json.dumps(reply).encode()
                 self.send_response(status)
@@ -161,31 +166,60 @@ class VLLMProtocolServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
-        self.loaded: set[str] = set()
+        self.loaded: dict[str, str] = {}  # adapter name -> the folder it was loaded from
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
     def answer(self, path: str, body: dict) -> tuple[int, dict]:
-        if path == "/v1/load_lora_adapter":
-            asyncio.run(self.engine.load_adapter(body["lora_name"], body["lora_path"]))
+        import os
+
+        if path == "/v1/models":  # vLLM's listing: the base model, then each adapter
             with self.lock:
-                self.calls.append((path, body["lora_name"]))
-                self.loaded.add(body["lora_name"])
+                loaded = dict(self.loaded)
+            return 200, {"object": "list", "data": [
+                {"id": self.model_name, "root": self.model_name, "parent": None, "max_model_len": self.max_model_len},
+                *({"id": n, "root": p, "parent": self.model_name} for n, p in loaded.items())]}
+        if path == "/v1/load_lora_adapter":
+            name, folder = body["lora_name"], body["lora_path"]
+            if name in self.loaded and not body.get("load_inplace"):  # vLLM 0.32's answer
+                return 400, {"error": {"message": f"The lora adapter '{name}' has already been loaded. If you "
+                                                  "want to load the adapter in place, set 'load_inplace' to True.",
+                                       "type": "InvalidUserInput", "code": 400}}
+            if not os.path.isabs(folder):  # the real server resolves it in its own working directory
+                return 404, {"error": {"message": f"Loading lora {name} failed: No adapter found for {folder}",
+                                       "type": "NotFoundError", "code": 404}}
+            asyncio.run(self.engine.load_adapter(name, folder))
+            with self.lock:
+                self.calls.append((path, name))
+                self.loaded[name] = folder
             return 200, {}
         if path == "/v1/unload_lora_adapter":
+            if body["lora_name"] not in self.loaded:
+                return 404, {"error": {"message": f"The lora adapter '{body['lora_name']}' cannot be found.",
+                                       "type": "NotFoundError", "code": 404}}
             asyncio.run(self.engine.unload_adapter(body["lora_name"]))
             with self.lock:
                 self.calls.append((path, body["lora_name"]))
-                self.loaded.discard(body["lora_name"])
+                self.loaded.pop(body["lora_name"], None)
             return 200, {}
         model = body["model"]
         with self.lock:
             self.calls.append((path, model))
             known = model == self.model_name or model in self.loaded
         if not known:
-            return 404, {"error": {"message": f"The model `{model}` does not exist."}}
+            return 404, {"error": {"message": f"The model `{model}` does not exist. Valid aliases: "
+                                              f"{self.model_name}.", "type": "NotFoundError", "code": 404}}
+        n = len(body["prompt"])  # vLLM 0.32: past the limit 400, at it 400, else max_tokens cut to fit
+        if n > self.max_model_len:
+            return 400, {"error": {"message": f"This model's maximum context length is {self.max_model_len} "
+                                              f"tokens. However, your prompt contains at least {n} input tokens",
+                                   "type": "BadRequestError", "code": 400}}
+        max_tokens = min(body["max_tokens"], self.max_model_len - n)
+        if max_tokens < 1:
+            return 400, {"error": {"message": f"max_tokens must be at least 1, got {max_tokens}.",
+                                   "type": "BadRequestError", "code": 400}}
         priority = body.get("priority", 0)
         with self.lock:
             self.priorities.append(priority)
@@ -193,7 +227,7 @@ class VLLMProtocolServer:
             return 400, {"error": {"message": f"Got priority {priority} but Priority scheduling "
                                               "is not enabled.", "type": "BadRequestError"}}
         gen = asyncio.run(self.engine.generate(GenerationRequest(
-            tuple(body["prompt"]), max_new_tokens=body["max_tokens"], temperature=body["temperature"],
+            tuple(body["prompt"]), max_new_tokens=max_tokens, temperature=body["temperature"],
             top_p=body["top_p"], seed=body["seed"], stop_token_ids=tuple(body["stop_token_ids"]),
             adapter=None if model == self.model_name else model, priority=priority)))
         reason = {"stop": "stop", "length": "length", "cancelled": "abort"}[gen.finish_reason]

@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OBSSPEC = [sys.executable, "-m", "obsspec.cli"]
 COMMANDS = ["prepare-tasks", "shell", "validate", "demo", "rollout", "train", "train-worldmodel", "build-bases",
-            "report", "simulate"]
+            "serve", "report", "simulate"]
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 
@@ -164,3 +164,16 @@ def test_validate_refuses_what_train_cannot_run():
                               ("policy.temperature=0", "policy.temperature is 0")):
         r = cli("validate", "recipes/tiny-cpu.yaml", override)
         assert r.returncode == 2 and "`obsspec train` cannot run it" in r.stderr and message in r.stderr, r.stderr
+
+
+def test_serve_prints_the_servers_command_lines_and_refuses_a_recipe_without_one():
+    r = cli("serve", "recipes/terminal-8b.yaml", "--print")
+    assert r.returncode == 0, r.stderr
+    policy, wm = [line for line in r.stdout.splitlines() if not line.startswith("#")]
+    for flag in ("--model Qwen/Qwen3-8B", "--port 8000", "--max-model-len 32768", "--dtype bfloat16",
+                 "--enable-lora --max-lora-rank 64", "--logprobs-mode processed_logprobs",
+                 "--scheduling-policy priority", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
+        assert flag in policy, flag
+    assert "--model Qwen/Qwen3-0.6B" in wm and "--port 8001" in wm and "processed_logprobs" not in wm
+    r = cli("serve", "recipes/tiny-cpu.yaml", "--print")
+    assert r.returncode == 2 and "no section of this recipe uses engine vllm" in r.stderr

@@ -46,14 +46,25 @@ class FakeVLLM(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
 
+    def do_GET(self):
+        assert self.path == "/v1/models", self.path
+        self.reply(200, {"object": "list", "data": [
+            {"id": BASE, "root": BASE, "parent": None, "max_model_len": MAX_MODEL_LEN},
+            *({"id": name, "root": path, "parent": BASE} for name, path in self.server.loras.items())]})
+
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.seen.append((self.path, body, dict(self.headers)))
-        if self.path == "/v1/load_lora_adapter":
-            self.server.loras.add(body["lora_name"])
-            return self.reply(200, f"Success: LoRA adapter '{body['lora_name']}' added.")
+        if self.path == "/v1/load_lora_adapter":  # vLLM 0.32's answers
+            name = body["lora_name"]
+            if name in self.server.loras and not body.get("load_inplace"):
+                message = (f"The lora adapter '{name}' has already been loaded. If you want to load "
+                           "the adapter in place, set 'load_inplace' to True.")
+                return self.reply(400, {"error": {"message": message, "type": "InvalidUserInput", "code": 400}})
+            self.server.loras[name] = body["lora_path"] if not self.server.stale else "/an/older/version"
+            return self.reply(200, f"Success: LoRA adapter '{name}' added successfully.")
         if self.path == "/v1/unload_lora_adapter":
-            self.server.loras.discard(body["lora_name"])
+            self.server.loras.pop(body["lora_name"], None)
             return self.reply(200, "Success")
         assert self.path == "/v1/completions", self.path
         if body["model"] not in {BASE, *self.server.loras}:
@@ -66,11 +77,14 @@ class FakeVLLM(BaseHTTPRequestHandler):
             message = f"Got priority {body['priority']} but Priority scheduling is not enabled."
             return self.reply(400, {"object": "error", "message": message, "type": "BadRequestError",
                                     "code": 400})
-        if len(prompt) + body["max_tokens"] > MAX_MODEL_LEN:  # vLLM's wording
-            message = (f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
-                       f"requested {len(prompt) + body['max_tokens']} tokens.")
-            return self.reply(400, {"object": "error", "message": message, "type": "BadRequestError",
-                                    "code": 400})
+        if len(prompt) > MAX_MODEL_LEN:  # vLLM 0.32's wording
+            message = (f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your "
+                       f"prompt contains at least {len(prompt)} input tokens")
+            return self.reply(400, {"error": {"message": message, "type": "BadRequestError", "code": 400}})
+        body["max_tokens"] = min(body["max_tokens"], MAX_MODEL_LEN - len(prompt))  # cut to fit
+        if body["max_tokens"] < 1:
+            message = f"max_tokens must be at least 1, got {body['max_tokens']}."
+            return self.reply(400, {"error": {"message": message, "type": "BadRequestError", "code": 400}})
         if prompt[0] == SLOW:
             return self.wait_for_disconnect()
         n = min(body["max_tokens"], 4)
@@ -109,7 +123,8 @@ class FakeVLLM(BaseHTTPRequestHandler):
 @pytest.fixture()
 def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeVLLM)
-    httpd.seen, httpd.loras, httpd.disconnects = [], set(), []
+    httpd.seen, httpd.loras, httpd.disconnects = [], {}, []
+    httpd.stale = False  # True: a load answers 200 but the server keeps serving an older folder
     httpd.priority_scheduling = False
     thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
     thread.start()
@@ -172,24 +187,48 @@ def test_adapters_are_served_by_name(server):
         async with engine_for(server) as engine:
             await engine.load_adapter("wm-v1", "/ckpt/wm/v1")
             a = await engine.generate(GenerationRequest([1], max_new_tokens=2, adapter="wm-v1"))
-            await engine.load_adapter("wm-v1", "/ckpt/wm/v1b")  # replacing: unload, then load
+            await engine.load_adapter("wm-v1", "/ckpt/wm/v1b")  # replacing: loaded in place
             await engine.unload_adapter("wm-v1")
-            with pytest.raises(VLLMServerError, match="does not exist") as error:
+            with pytest.raises(VLLMServerError, match="does not serve 'wm-v1'") as error:
                 await engine.generate(GenerationRequest([1], max_new_tokens=2, adapter="wm-v1"))
             return a, error.value
 
     gen, error = run(main())
     assert gen.finish_reason == "length" and error.status == 404
+    assert BASE in str(error)  # the names it does serve
     calls = [(path, body.get("lora_name"), body.get("lora_path", body.get("model")))
              for path, body, _ in server.seen]
     assert calls == [
         ("/v1/load_lora_adapter", "wm-v1", "/ckpt/wm/v1"),
         ("/v1/completions", None, "wm-v1"),
-        ("/v1/unload_lora_adapter", "wm-v1", None),
         ("/v1/load_lora_adapter", "wm-v1", "/ckpt/wm/v1b"),
         ("/v1/unload_lora_adapter", "wm-v1", None),
         ("/v1/completions", None, "wm-v1"),
     ]
+
+
+def test_a_fresh_client_replaces_what_the_server_already_holds(server, tmp_path, monkeypatch):
+    """A restarted run meets a server still holding `policy-v3` from before: loading it again
+    must work (vLLM refuses a held name without load_inplace), from an absolute path."""
+    server.loras["policy-v3"] = "/old/run/policy-v3"
+    monkeypatch.chdir(tmp_path)
+    run(engine_for(server).load_adapter("policy-v3", "adapters/v3"))
+    assert server.loras["policy-v3"] == str(tmp_path / "adapters/v3")
+
+
+def test_a_load_the_server_does_not_list_is_an_error(server):
+    """A push that answers 200 while the server keeps serving other weights looks like staleness
+    for months: the client checks the server's own listing after every load."""
+    server.stale = True
+    with pytest.raises(VLLMServerError, match="lists /an/older/version"):
+        run(engine_for(server).load_adapter("policy-v4", "/ckpt/policy/v4"))
+
+
+def test_check_model_names_both_names(server):
+    engine_for(server).check_model()
+    wrong = VLLMEngine(f"http://127.0.0.1:{server.server_address[1]}", model="Qwen3-0.6B")
+    with pytest.raises(VLLMServerError, match=r"does not serve 'Qwen3-0.6B'; it serves \['Qwen/Qwen3-0.6B'\]"):
+        wrong.check_model()
 
 
 def test_task_cancellation_closes_the_connection(server):
@@ -231,14 +270,18 @@ def test_engine_cancel_returns_a_cancelled_generation(server):
 
 def test_a_prompt_past_the_servers_context_is_prompt_too_long(server):
     """The world model's prompt can outgrow its context (the history fills the policy's): the
-    predictor then makes no draft, which needs this error told apart from other server errors."""
-    async def main():
+    predictor then makes no draft, which needs this error told apart from other server errors.
+    vLLM cuts max_tokens to the room left (a "length" ending, as on the hf engine); a prompt that
+    leaves no room at all is refused in one of two wordings."""
+    async def main(n, max_new_tokens):
         async with engine_for(server) as engine:
-            await engine.generate(GenerationRequest([1] * (MAX_MODEL_LEN - 8), max_new_tokens=8))
-            await engine.generate(GenerationRequest([1] * (MAX_MODEL_LEN - 8), max_new_tokens=9))
+            return await engine.generate(GenerationRequest([1] * n, max_new_tokens=max_new_tokens))
 
+    assert run(main(MAX_MODEL_LEN - 8, 9)).finish_reason == "length"
+    with pytest.raises(PromptTooLong, match="max_tokens must be at least 1"):
+        run(main(MAX_MODEL_LEN, 4))
     with pytest.raises(PromptTooLong, match="maximum context length"):
-        run(main())
+        run(main(MAX_MODEL_LEN + 1, 4))
 
 
 def test_server_errors_and_unreachable_servers():

@@ -20,11 +20,19 @@ def test_a_world_model_with_another_tokenizer_is_refused():
 
 
 def test_the_engine_the_recipe_names_is_the_engine_used(tmp_path):
+    from fakes import VLLMProtocolServer
+
     train_tokenizer(TEXTS, vocab_size=300).save_pretrained(tmp_path)
-    recipe = load_recipe(None, ["policy.engine=vllm", "policy.server_url=http://127.0.0.1:9"])
-    engine, tokenizer = make_engine(recipe.policy, str(tmp_path))
-    assert isinstance(engine, VLLMEngine) and engine.base_url == "http://127.0.0.1:9"
-    assert engine.model == str(tmp_path) and tokenizer.encode("ls") == train_tokenizer(TEXTS, 300).encode("ls")
+    with VLLMProtocolServer(None, str(tmp_path)) as server:  # (its /v1/models only)
+        recipe = load_recipe(None, ["policy.engine=vllm", f"policy.server_url={server.url}"])
+        engine, tokenizer = make_engine(recipe.policy, str(tmp_path))
+        assert isinstance(engine, VLLMEngine) and engine.base_url == server.url
+        assert engine.model == str(tmp_path) and tokenizer.encode("ls") == train_tokenizer(TEXTS, 300).encode("ls")
+        # the served name must be the model's string exactly: both names in one line
+        with pytest.raises(RolloutError, match=f"does not serve '{tmp_path}/'; it serves \\['{tmp_path}'\\]"):
+            make_engine(recipe.policy, f"{tmp_path}/")
+    with pytest.raises(RolloutError, match="policy.server_url .*: .*cannot reach the vLLM server"):
+        make_engine(recipe.policy, str(tmp_path))
 
 
 def test_the_recipes_own_suite_must_match_its_tasks_settings(tmp_path):

@@ -55,6 +55,7 @@ def rollouts_for(fmt, trajectories) -> Rollouts:
                                episodes_per_step=len(trajectories), make_tool=None)
     r = Rollouts({"t0": None}, settings, policy=None, fmt=fmt, predictor=None, out_dir="")
     r.run = lambda tasks, step, first, label="": _stash(r, StepRollouts(step, trajectories, {"spec/exact_frac": 0.5}))
+    r.logprob_check = {}  # (scripted logprobs: no model sampled them; the check has its own test)
     return r
 
 
@@ -145,6 +146,33 @@ def test_trl_leaves_an_infra_failure_out_of_its_groups_baseline(fmt, tokenizer, 
     loss_mask = out["completion_mask"] * out["tool_mask"]
     assert loss_mask[2].sum().item() == 0, "an infra failure must add no gradient"
     assert loss_mask[0].sum().item() > 0
+
+
+def test_the_first_batchs_logprobs_must_be_the_trainers(fmt, tokenizer):
+    """The trainer's own logprobs pass; those of another distribution (a server reporting the raw
+    model's logprobs at T != 1, or other weights) stop the run with the likely cause."""
+    from obsspec.training.logprob_check import LogprobMismatch, TOLERANCE, check_rows, logprob_gap
+
+    torch.manual_seed(0)
+    model = tiny.build_model(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                                             head_dim=8, intermediate_size=32), tokenizer, 512)
+    with torch.no_grad():  # sharp logits, as a trained model's: the temperature then matters
+        model.get_output_embeddings().weight.mul_(30)
+    prompt, completion = [5, 6, 7, 8], [9, 10, 11, 12, 13]
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1]
+    def rows(temperature):
+        lps = torch.log_softmax(logits / temperature, -1).gather(-1, ids[0, len(prompt):, None])[:, 0].tolist()
+        lps[2] = 0.0  # an observation token: not the policy's, never compared
+        return {"prompt_ids": [prompt], "completion_ids": [completion], "logprobs": [lps],
+                "env_mask": [[1, 1, 0, 1, 1]]}
+
+    good = check_rows(model, rows(0.7), 0.7, "vllm")
+    assert good["mean_abs"] < 1e-5 and good["tokens"] == 4
+    assert logprob_gap(model, rows(1.0), 0.7)[0] > TOLERANCE, "the raw model's logprobs at T 0.7"
+    with pytest.raises(LogprobMismatch, match="processed_logprobs"):
+        check_rows(model, rows(1.0), 0.7, "vllm")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,12 +1,11 @@
-"""Engine that talks to a vLLM OpenAI-compatible server with token-id prompts (GPU machines).
+"""Engine that talks to a vLLM OpenAI-compatible server with token-id prompts.
 
 vLLM pins its own torch and transformers, so it runs as a server from its own virtualenv and this
-process only speaks HTTP (stdlib asyncio streams; no vllm import, no extra dependency):
-
-    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve Qwen/Qwen3-0.6B --port 8001 \\
-        --enable-lora --max-lora-rank 16 --logprobs-mode processed_logprobs
+process only speaks HTTP (stdlib asyncio streams; no vllm import, no extra dependency). The
+server is started with the flags obsspec needs by `obsspec serve RECIPE` (obsspec/engines/server.py):
 
     engine = VLLMEngine("http://127.0.0.1:8001", model="Qwen/Qwen3-0.6B")
+    engine.check_model()   # one line naming both names unless the server serves exactly that one
 
 Mapping (details and the vLLM API assumptions in docs/ENGINES.md):
 - `generate` POSTs /v1/completions with `prompt` = the token ids, `seed`, `stop_token_ids`,
@@ -14,7 +13,8 @@ Mapping (details and the vLLM API assumptions in docs/ENGINES.md):
   `logprobs=0` (the sampled token's logprob) and `return_token_ids`; the reply's `token_ids` and
   `logprobs.token_logprobs` become the `Generation`.
 - A request naming an adapter sends that adapter's name as `model`; `load_adapter` POSTs
-  /v1/load_lora_adapter. vLLM keys adapters by name, so use a new name per version.
+  /v1/load_lora_adapter in place (also over a name an earlier client loaded), with the folder
+  absolute, and checks that /v1/models lists it from that folder. Use a new name per version.
 - Cancelling the awaiting task closes the connection; vLLM's completion endpoint aborts a request
   whose client disconnected, which frees its slot in the batch.
 - With `priority_scheduling=True` the request's `priority` is sent too (the server must run with
@@ -45,8 +45,12 @@ from obsspec.engines.base import (
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
 
 
-# vLLM's 400 for a prompt (+ max_tokens) past max_model_len, in the wordings of its versions
-_TOO_LONG = re.compile(r"maximum context length|longer than the maximum model length|max_model_len", re.I)
+# vLLM's 400 for a prompt that leaves no room for a token within max_model_len, in the wordings
+# of its versions (0.32: a prompt past it is "maximum context length"; one exactly at it leaves
+# max_tokens 0, "max_tokens must be at least 1"). A prompt that fits with fewer than max_tokens to
+# spare is served with max_tokens cut to the room left, and ends as "length" (as on the hf engine).
+_TOO_LONG = re.compile(r"maximum context length|longer than the maximum model length|max_model_len|"
+                       r"max_tokens must be at least 1", re.I)
 
 
 class VLLMServerError(RuntimeError):
@@ -75,7 +79,6 @@ class VLLMEngine:
         self._timeout = timeout_sec
         # vLLM refuses a non-zero priority unless served with --scheduling-policy priority
         self.priority_scheduling = priority_scheduling
-        self._adapters: set[str] = set()
         self._inflight: dict[str, asyncio.Task[dict[str, Any]]] = {}
         self._cancelled: set[str] = set()
         self._closed = False
@@ -114,7 +117,7 @@ class VLLMEngine:
         if rid in self._inflight:
             raise ValueError(f"request id {rid!r} is already running")
         start = time.perf_counter()
-        call = asyncio.ensure_future(self._post("/v1/completions", self.payload(request)))
+        call = asyncio.ensure_future(self._request("POST", "/v1/completions", self.payload(request)))
         self._inflight[rid] = call
         try:
             reply = await call
@@ -173,15 +176,41 @@ class VLLMEngine:
     # ---- adapters ----------------------------------------------------------------------------
 
     async def load_adapter(self, name: str, path: str | os.PathLike[str]) -> None:
-        """Load a LoRA adapter folder (a path the *server* can read) under `name`."""
-        if name in self._adapters:  # vLLM refuses a loaded name: replace = unload + load
-            await self.unload_adapter(name)
-        await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": os.fspath(path)})
-        self._adapters.add(name)
+        """Load a LoRA adapter folder under `name` (replacing what the server holds under that
+        name, also from an earlier client), and check that the server lists it from that folder.
+
+        The path is sent absolute: the server resolves a relative one in its own working
+        directory. The server must be able to read it (same machine or a shared file system)."""
+        path = os.path.abspath(os.fspath(path))
+        # load_inplace: vLLM refuses (400) a name it already holds otherwise
+        await self._request("POST", "/v1/load_lora_adapter",
+                            {"lora_name": name, "lora_path": path, "load_inplace": True})
+        served = {m.get("id"): m.get("root") for m in await self.served_models()}
+        if served.get(name) != path:
+            raise VLLMServerError(200, f"adapter {name!r} was loaded from {path} but the server lists "
+                                       f"{served.get(name) or 'no such adapter'}")
 
     async def unload_adapter(self, name: str) -> None:
-        await self._post("/v1/unload_lora_adapter", {"lora_name": name})
-        self._adapters.discard(name)
+        await self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+
+    async def served_models(self) -> list[dict[str, Any]]:
+        """The server's /v1/models entries: the base model and every loaded adapter (`id`, `root`:
+        the folder it was loaded from, `parent`, `max_model_len`)."""
+        return (await self._request("GET", "/v1/models")).get("data", [])
+
+    def check_model(self) -> None:
+        """Raise a one-line VLLMServerError unless the server serves `model` under that exact name
+        (blocking: call before the event loop runs)."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.base_url.rstrip('/').removesuffix('/v1')}/v1/models",
+                                        timeout=self._timeout or 30) as reply:
+                served = [m.get("id") for m in json.load(reply).get("data", [])]
+        except (OSError, ValueError) as e:
+            raise VLLMServerError(0, f"cannot reach the vLLM server at {self.base_url}: {e}") from None
+        if self.model not in served:
+            raise VLLMServerError(404, _not_served(self.model, served))
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -199,16 +228,16 @@ class VLLMEngine:
 
     # ---- HTTP --------------------------------------------------------------------------------
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         if self._timeout is None:
-            return await self._exchange(path, body)
-        return await asyncio.wait_for(self._exchange(path, body), self._timeout)
+            return await self._exchange(method, path, body)
+        return await asyncio.wait_for(self._exchange(method, path, body), self._timeout)
 
-    async def _exchange(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One HTTP/1.1 POST on its own connection. Closing the connection on cancellation is
+    async def _exchange(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        """One HTTP/1.1 request on its own connection. Closing the connection on cancellation is
         what tells vLLM to abort the request."""
-        data = json.dumps(body).encode()
-        head = [f"POST {self._prefix}{path} HTTP/1.1", f"Host: {self._host}:{self._port}",
+        data = json.dumps(body).encode() if body is not None else b""
+        head = [f"{method} {self._prefix}{path} HTTP/1.1", f"Host: {self._host}:{self._port}",
                 "Content-Type: application/json", f"Content-Length: {len(data)}",
                 "Connection: close"]
         if self._api_key:
@@ -230,11 +259,19 @@ class VLLMEngine:
             message = _error_message(payload)
             if status == 400 and _TOO_LONG.search(message):
                 raise PromptTooLong(message)
+            if status == 404 and body and f"`{body.get('model')}` does not exist" in message:
+                served = [m.get("id") for m in await self.served_models()]
+                raise VLLMServerError(status, _not_served(body["model"], served))
             raise VLLMServerError(status, message)
         try:
             return json.loads(payload) if payload else {}
         except json.JSONDecodeError:  # e.g. load_lora_adapter answers plain text
             return {"text": payload.decode(errors="replace")}
+
+
+def _not_served(name: str, served: list) -> str:
+    return (f"the server does not serve {name!r}; it serves {served} (a model is served under the "
+            "exact string given to vllm serve --model, and an adapter under its loaded name)")
 
 
 def _being_cancelled() -> bool:

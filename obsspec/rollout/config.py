@@ -20,7 +20,8 @@ def check_engine(section: str, engine: str, server_url: str) -> None:
 class PolicyConfig:
     model: str = doc("tiny", "'tiny' (the kit's warm-started policy, built on first use), a local "
                               "model folder, or a hub name (GPU recipes).")
-    engine: str = doc("hf", "hf (transformers, CPU or GPU) or vllm (a vLLM server, GPU).")
+    engine: str = doc("hf", "hf (transformers, in this process) or vllm (a vLLM server; "
+                             "`obsspec serve` or servers.launch starts it).")
     server_url: str = doc("", "With engine=vllm: the vLLM server's base URL (http://host:port).")
     priority_scheduling: bool = doc(False, "With engine=vllm: the server runs with --scheduling-policy "
                                            "priority, and speculative generations are sent at a lower "
@@ -44,6 +45,12 @@ class PolicyConfig:
         for name in ("max_batch_size", "max_new_tokens", "max_context", "max_turns"):
             if getattr(self, name) < 1:
                 raise ValueError(f"policy.{name} must be >= 1 (got {getattr(self, name)})")
+        if self.engine == "vllm" and self.top_p < 1:
+            # vLLM's processed logprobs are renormalised over the nucleus (the sampling mask that
+            # would undo it is not in the completions API of the version this is tested with)
+            raise ValueError(f"policy.top_p = {self.top_p} with engine vllm: the server's logprobs would be "
+                             "renormalised over the top-p survivors, not the full distribution the trainer "
+                             "computes, so the importance ratio would be off; use top_p: 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"policy.temperature must be >= 0 and policy.top_p in (0, 1] "
                              f"(got {self.temperature}, {self.top_p})")
@@ -54,7 +61,8 @@ class WorldModelConfig:
     model: str = doc("tiny", "'tiny' (the kit's world-model base), a local folder or a hub name.")
     adapter: str = doc("", "A LoRA adapter to apply: a train-worldmodel run directory (its latest "
                            "version), DIR@N (version N), or an adapter folder; '' = none.")
-    engine: str = doc("hf", "hf (transformers, CPU or GPU) or vllm (a vLLM server, GPU).")
+    engine: str = doc("hf", "hf (transformers, in this process) or vllm (a vLLM server; "
+                             "`obsspec serve` or servers.launch starts it).")
     server_url: str = doc("", "With engine=vllm: the vLLM server's base URL (http://host:port).")
     batch_invariant: bool = doc(True, "As policy.batch_invariant, for the world model.")
     device: str = doc("cpu", "cpu or cuda.")

@@ -11,8 +11,9 @@ same guarantee the hf engine gives by serving the trainer's model object. After 
 first round publishes the restored weights the same way.
 
 The server must be able to read RUN_DIR (one machine, or a shared file system) and run with LoRA
-enabled (`vllm serve ... --enable-lora --max-lora-rank R`, VLLM_ALLOW_RUNTIME_LORA_UPDATING=1;
-docs/ENGINES.md).
+enabled (`obsspec serve RECIPE` starts it so; docs/ENGINES.md). `load_adapter` sends the folder
+absolute and checks the server's own listing names it afterwards: a push that never lands stops
+the run instead of leaving the rollouts on stale weights.
 """
 
 from __future__ import annotations

@@ -39,8 +39,7 @@ EVAL_EPISODES = 10**9  # val episodes are numbered from here: the same seeds bef
 
 
 def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRun":
-    from obsspec.build import (ensure_tasks, make_engine, model_paths, tool_factory, world_model_engine,
-                               world_model_predictor)
+    from obsspec.build import ensure_tasks, launch_servers, model_paths
     from obsspec.tokens import ChatFormat
     from obsspec.worldmodel.adapters import resolve_adapter
 
@@ -56,6 +55,24 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
             raise TrainError(f"{tasks_dir}: no train tasks" + (f" of the families {list(t.families)} "
                              "(train.families)" if t.families else ""))
         policy_path, wm_path = model_paths(recipe, display)
+        # servers.launch: the main process starts them; the others wait here until they serve
+        servers = launch_servers(recipe, policy_path, wm_path, out_dir, display) if state.is_main_process else None
+    try:
+        run = _build(recipe, out_dir, state, live, display, train, val, policy_path, wm_path, adapter)
+    except BaseException:
+        if servers is not None:
+            servers.stop()
+        raise
+    run.servers = servers
+    return run
+
+
+def _build(recipe: Recipe, out_dir: str, state, live, display, train, val, policy_path, wm_path,
+           adapter) -> "TrainingRun":
+    from obsspec.build import make_engine, tool_factory, world_model_engine, world_model_predictor
+    from obsspec.tokens import ChatFormat
+
+    t = recipe.train
     policy_engine, tokenizer = make_engine(recipe.policy, policy_path, recipe.policy.max_batch_size)
     if recipe.policy.engine == "hf":
         model = policy_engine.model  # the engine serves the very model the trainer trains
@@ -110,6 +127,7 @@ class TrainingRun:
         self.policy_engine, self.wm_engine, self.tokenizer = policy_engine, wm_engine, tokenizer
         self.rollouts, self.predictor, self.cotrainer, self.display = rollouts, predictor, cotrainer, display
         self.restored_step = 0
+        self.servers = None  # the vLLM servers this run started (servers.launch), stopped at close
 
     def trainer(self, args):
         from datasets import Dataset
@@ -217,7 +235,8 @@ class TrainingRun:
                 "skipped_frac_mean": mean_of([r.get("spec/skipped_frac") for r in rows]),
                 "latency_saved_sec": saved, "rollout_sec": rollout_sec,
                 "latency_saved_frac": mean_of([r.get("latency_saved_frac") for r in rows]),
-                "success_by_kind": _kind_thirds(rows, third)}
+                "success_by_kind": _kind_thirds(rows, third),
+                "logprob_check": self.rollouts.logprob_check}
 
     def close(self) -> None:
         if self.cotrainer is not None:
@@ -225,6 +244,8 @@ class TrainingRun:
         self.policy_engine.close()
         if self.wm_engine is not None:
             self.wm_engine.close()
+        if self.servers is not None:
+            self.servers.stop()
 
 
 def _sum_pairs(tables) -> dict:

@@ -146,6 +146,26 @@ def test_stop_tokens_and_stop_strings_end_as_on_the_hf_engine(served, hf_policy)
     assert tokenizer.decode(by_string.token_ids).endswith(text) or text in tokenizer.decode(by_string.token_ids)
 
 
+def test_seeded_prompts_joining_running_decodes_keep_the_server_alive(served):
+    """Rollout traffic: group members' prompts sharing a prefix arrive while others decode. With
+    chunked prefill, vLLM 0.32's CPU engine died on this ("CPU Generator does not use offset":
+    it rewinds a seeded request's generator), and every later request got a 500; the servers
+    run without chunked prefill on CPU."""
+    shared = tuple(range(5, 305))
+
+    async def main():
+        async with policy_engine(served) as engine:
+            decoding = [asyncio.ensure_future(engine.generate(GenerationRequest(
+                shared + (i,), max_new_tokens=150, temperature=1, seed=i))) for i in range(8)]
+            await asyncio.sleep(0.5)
+            joined = await asyncio.gather(*(engine.generate(GenerationRequest(
+                shared + (j,) + tuple(range(400, 400 + 40 * j)), max_new_tokens=20, temperature=1,
+                seed=100 + j)) for j in range(16)))
+            return joined + await asyncio.gather(*decoding)
+
+    assert [len(g.token_ids) for g in asyncio.run(main())] == [20] * 16 + [150] * 8
+
+
 def running_requests(url: str) -> float:
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as reply:
         for line in reply.read().decode().splitlines():

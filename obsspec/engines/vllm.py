@@ -47,9 +47,11 @@ _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
 
 # vLLM's 400 for a prompt that leaves no room for a token within max_model_len, in the wordings
 # of its versions (0.32: a prompt past it is "maximum context length"; one exactly at it leaves
-# max_tokens 0, "max_tokens must be at least 1"). A prompt that fits with fewer than max_tokens to
-# spare is served with max_tokens cut to the room left, and ends as "length" (as on the hf engine).
-_TOO_LONG = re.compile(r"maximum context length|longer than the maximum model length|max_model_len|"
+# max_tokens 0, "max_tokens must be at least 1"). The client cuts max_tokens to the room the
+# server's max_model_len leaves (vLLM 0.32 refuses max_tokens > max_model_len outright, and a
+# world model's draft budget can be larger), so a generation that runs out of room ends as
+# "length", as on the hf engine. Any other 400 is an error, never a silent "no draft".
+_TOO_LONG = re.compile(r"maximum context length|longer than the maximum model length|"
                        r"max_tokens must be at least 1", re.I)
 
 
@@ -82,15 +84,24 @@ class VLLMEngine:
         self._inflight: dict[str, asyncio.Task[dict[str, Any]]] = {}
         self._cancelled: set[str] = set()
         self._closed = False
+        self.max_model_len: int | None = None  # the server's, learnt from /v1/models
 
     # ---- generation --------------------------------------------------------------------------
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
-        """The /v1/completions body for a request."""
+        """The /v1/completions body for a request (`max_tokens` cut to the room `max_model_len`
+        leaves, when known)."""
+        max_tokens = request.max_new_tokens
+        if self.max_model_len is not None:
+            room = self.max_model_len - len(request.prompt_ids)
+            if room < 1:
+                raise PromptTooLong(f"a prompt of {len(request.prompt_ids)} tokens leaves no room within "
+                                    f"the server's max_model_len ({self.max_model_len})")
+            max_tokens = min(max_tokens, room)
         body = {
             "model": request.adapter or self.model,
             "prompt": list(request.prompt_ids),
-            "max_tokens": request.max_new_tokens,
+            "max_tokens": max_tokens,
             "temperature": request.temperature,
             "top_p": request.top_p,
             "seed": request.seed,
@@ -117,6 +128,8 @@ class VLLMEngine:
         if rid in self._inflight:
             raise ValueError(f"request id {rid!r} is already running")
         start = time.perf_counter()
+        if self.max_model_len is None:
+            self.max_model_len = _limit(self.model, await self.served_models())
         call = asyncio.ensure_future(self._request("POST", "/v1/completions", self.payload(request)))
         self._inflight[rid] = call
         try:
@@ -201,16 +214,16 @@ class VLLMEngine:
     def check_model(self) -> None:
         """Raise a one-line VLLMServerError unless the server serves `model` under that exact name
         (blocking: call before the event loop runs)."""
-        import urllib.request
+        from obsspec.engines.server import served_models
 
         try:
-            with urllib.request.urlopen(f"{self.base_url.rstrip('/').removesuffix('/v1')}/v1/models",
-                                        timeout=self._timeout or 30) as reply:
-                served = [m.get("id") for m in json.load(reply).get("data", [])]
+            entries = served_models(self.base_url, timeout=self._timeout or 30)
         except (OSError, ValueError) as e:
             raise VLLMServerError(0, f"cannot reach the vLLM server at {self.base_url}: {e}") from None
+        served = [m.get("id") for m in entries]
         if self.model not in served:
             raise VLLMServerError(404, _not_served(self.model, served))
+        self.max_model_len = _limit(self.model, entries)
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -267,6 +280,12 @@ class VLLMEngine:
             return json.loads(payload) if payload else {}
         except json.JSONDecodeError:  # e.g. load_lora_adapter answers plain text
             return {"text": payload.decode(errors="replace")}
+
+
+def _limit(model: str, entries: list[dict[str, Any]]) -> int | None:
+    """The max_model_len /v1/models gives for `model` (None when it gives none)."""
+    value = next((m.get("max_model_len") for m in entries if m.get("id") == model), None)
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _not_served(name: str, served: list) -> str:

@@ -52,3 +52,56 @@ def pytest_collection_modifyitems(items):
         name = f"{item.path.name}::{item.originalname}"
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration"):
             item.add_marker(pytest.mark.slow)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sandbox backends: suites that hold for every backend take `sandbox_backend` (or patch their
+# module's config with `on_backend`); podman's base image is built once (about a minute, then
+# cached by podman across runs), and no episode container may be left behind by the session.
+
+
+def podman_missing() -> str:
+    """Why podman cannot run here ('' = it can)."""
+    import shutil
+
+    for tool in ("podman", "runc", "mmdebstrap"):
+        if shutil.which(tool) is None:
+            return f"needs {tool} (make install-podman)"
+    return ""
+
+
+@pytest.fixture(scope="session")
+def podman_base():
+    if podman_missing():
+        pytest.skip(podman_missing())
+    from obsspec.env import podman
+
+    podman.ensure_base()
+    yield podman.BASE_IMAGE
+    left = podman.leftover_containers()
+    assert not left, f"episode containers left behind: {left}"
+
+
+@pytest.fixture(params=["bwrap", "podman"])
+def sandbox_backend(request):
+    import shutil
+
+    if request.param == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap (make install)")
+    if request.param == "podman":
+        request.getfixturevalue("podman_base")
+    return request.param
+
+
+def on_backend(module, monkeypatch, backend: str) -> None:
+    """Every SandboxConfig the test module makes (its CFG-like constants and its calls) uses
+    `backend`."""
+    import dataclasses
+    import functools
+
+    from obsspec.env.sandbox import SandboxConfig
+
+    for name, value in vars(module).items():
+        if isinstance(value, SandboxConfig):
+            monkeypatch.setattr(module, name, dataclasses.replace(value, backend=backend))
+    monkeypatch.setattr(module, "SandboxConfig", functools.partial(SandboxConfig, backend=backend))

@@ -30,6 +30,7 @@ Podman's defaults, every start failed here: `setrlimit RLIMIT_NOFILE: Operation 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import resource
@@ -42,11 +43,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from obsspec.env import seccomp
 from obsspec.env.bwrap import HARNESS_TMPFS_MB, SHM_MB, STATE_DIR
 
 BASE_IMAGE = "obsspec-debian:bookworm"
 TASK_REPO = "obsspec-task"
+# On top of minbase: the janitor's python3, and the tools the built-in task families' reference
+# solutions use beyond coreutils (the bubblewrap sandbox has the host's /usr instead).
+BASE_PACKAGES = ("python3", "jq")
 LABEL = "obsspec.episode"
+# A build context is text (Task.image_files): this entry of it lists, one a line, the files that
+# are executable in the task folder; it is not written into the context, the files it names get
+# mode 0755 there (so `COPY run.sh /app/` keeps run.sh runnable).
+EXECUTABLES = ".obsspec-executable"
 SUPERVISOR = "/usr/lib/obsspec/bash"  # execute-only copy of the image's bash (see above)
 LIBS = "/run/obsspec-libs"            # where the host's libfaketime and libstdbuf are mounted
 # runc could not set a process limit of 96,362 (this machine's hard limit; "operation not
@@ -185,12 +194,12 @@ def ensure_base(say=None) -> str:
             return BASE_IMAGE
         if shutil.which("mmdebstrap") is None:
             raise PodmanMissing(f"building the base image {BASE_IMAGE} needs mmdebstrap: {INSTALL_HINT}")
-        say(f"building the base image {BASE_IMAGE} (mmdebstrap minbase + python3; about a minute, once)")
+        say(f"building the base image {BASE_IMAGE} (mmdebstrap minbase + python3, jq; about a minute, once)")
         t0 = time.monotonic()
         log_path = os.path.join(cache_dir(), "base-build.log")
         with tempfile.TemporaryDirectory(prefix="obsspec-base-") as tmp, open(log_path, "w") as log:
             tar = os.path.join(tmp, "rootfs.tar")
-            steps = [["mmdebstrap", "--variant=minbase", "--include=python3", "bookworm", tar]]
+            steps = [["mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", "bookworm", tar]]
             for step in steps:
                 done = subprocess.run(step, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       timeout=BASE_BUILD_TIMEOUT_S)
@@ -244,27 +253,35 @@ def offline_problem(dockerfile: str) -> str:
     return ""
 
 
-def ensure_image(environment: Environment, workdir: str, say=None) -> str:
-    """The image for a task's environment (built once per distinct context and workdir)."""
+def ensure_image(environment: Environment, workdir: str, etc: dict[str, str], say=None) -> str:
+    """The image for a task's environment (built once per distinct context, workdir and /etc
+    files of ours: passwd, group, hosts; baked in, so that no host path shows in mountinfo)."""
     say = say or _say
     files = dict(environment.files)
     if "Dockerfile" not in files:
         files = {"Dockerfile": f"FROM {environment.image or 'debian:bookworm'}\n"}
-    digest = hashlib.sha256(repr((sorted(files.items()), workdir)).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(repr((sorted(files.items()), workdir, sorted(etc.items()))).encode()).hexdigest()[:16]
     tag = f"{TASK_REPO}:{digest}"
     with _lock(tag), _FileLock(f"task-{digest}"):
         if image_exists(tag):
             return tag
-        dockerfile = _with_our_layer(_resolved(files["Dockerfile"]), workdir)
+        dockerfile = _with_our_layer(_resolved(files["Dockerfile"]), workdir, etc)
         say(f"building image {tag} for {workdir} ({len(files)} context files)")
         t0 = time.monotonic()
         log_path = os.path.join(cache_dir(), f"build-{digest}.log")
         with tempfile.TemporaryDirectory(prefix="obsspec-ctx-") as ctx, open(log_path, "w") as log:
+            executable = set(files.get(EXECUTABLES, "").splitlines())
             for rel, text in files.items():
+                if rel == EXECUTABLES:
+                    continue
                 path = os.path.join(ctx, rel)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
                     f.write(dockerfile if rel == "Dockerfile" else text)
+                os.chmod(path, 0o755 if rel in executable else 0o644)
+            for name, text in etc.items():
+                with open(os.path.join(ctx, f".obsspec-etc-{name}"), "w") as f:
+                    f.write(text)
             done = podman("build", "--pull=never", "--layers", "-t", tag, "-f",
                           os.path.join(ctx, "Dockerfile"), ctx, timeout=BUILD_TIMEOUT_S, log=log)
         if done.returncode != 0:
@@ -290,14 +307,15 @@ def _resolved(dockerfile: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _with_our_layer(dockerfile: str, workdir: str) -> str:
+def _with_our_layer(dockerfile: str, workdir: str, etc: dict[str, str]) -> str:
     """Our layer on top of the task's last stage (see the module docstring)."""
     check = (
         'for p in bash python3 chown install; do command -v "$p" >/dev/null || '
         '{ echo "obsspec: the image has no $p (the episode supervisor needs bash, python3 and coreutils)"; exit 1; }; done'
     )
     return (dockerfile +
-            "USER root\n"
+            "USER root\n" +
+            "".join(f"COPY .obsspec-etc-{name} /etc/{name}\n" for name in sorted(etc)) +
             f"RUN {check} && install -d -m 0755 /usr/lib/obsspec && "
             f"install -m 0111 \"$(command -v bash)\" {SUPERVISOR} && "
             f"mkdir -p {workdir} && chown -R 1000:1000 {workdir}\n")
@@ -330,31 +348,20 @@ def _write(path: str, text: str) -> None:
 # The container
 
 
-def etc_dir(files: dict[str, str]) -> str:
-    """A folder of ours holding `files` (/etc/passwd, group, hosts), mounted read-only."""
-    digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()[:16]
-    path = os.path.join(cache_dir(), f"etc-{digest}")
-    if not os.path.isdir(path):
-        tmp = tempfile.mkdtemp(prefix="etc-", dir=cache_dir())
-        for name, text in files.items():
-            with open(os.path.join(tmp, name), "w") as f:
-                f.write(text)
-            os.chmod(os.path.join(tmp, name), 0o644)
-        os.chmod(tmp, 0o755)
-        try:
-            os.rename(tmp, path)
-        except OSError:  # another process wrote the same folder first
-            shutil.rmtree(tmp, ignore_errors=True)
+def seccomp_profile() -> str:
+    """Path of the seccomp profile (obsspec/env/seccomp.py's rules, the bubblewrap sandbox's)."""
+    text = json.dumps(seccomp.oci_profile(), indent=1, sort_keys=True)
+    path = os.path.join(cache_dir(), f"seccomp-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
+    if not os.path.exists(path):
+        _write(path, text)
     return path
 
 
 def argv(config, workdir: str, image: str, environment: Environment, name: str,
-         supervisor_env: dict[str, str], etc: dict[str, str], cpu: int | None,
-         script: str) -> list[str]:
+         supervisor_env: dict[str, str], cpu: int | None, script: str) -> list[str]:
     """`podman run` for one episode; the supervisor's environment goes in as --env flags."""
     memory_mb = environment.memory_mb or config.memory_mb
     workspace_mb = environment.storage_mb or config.workspace_mb
-    folder = etc_dir(etc)
 
     def tmpfs(path: str, mb: int, mode: str = "0755") -> list[str]:
         # exec: scripts in the workspace and /tmp run, as in the bubblewrap sandbox
@@ -375,8 +382,7 @@ def argv(config, workdir: str, image: str, environment: Environment, name: str,
            *tmpfs("/dev/shm", SHM_MB, "1777")]
     if cpu is not None:
         out += ["--cpuset-cpus", str(cpu)]
-    for file in sorted(etc):
-        out += ["-v", f"{os.path.join(folder, file)}:/etc/{file}:ro"]
+    out += ["--security-opt", f"seccomp={seccomp_profile()}"]
     for key in ("OBSSPEC_FAKETIME_LIB", "OBSSPEC_STDBUF_LIB"):
         host = supervisor_env.get(key, "")
         if host:  # the host's library, at a path of ours inside (the image may hold its own)

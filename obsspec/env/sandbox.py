@@ -264,7 +264,7 @@ class Sandbox:
         """The `podman run` command line (building the image first if it is missing)."""
         cfg, environment = self.config, self.environment or podman.Environment()
         try:
-            image = podman.ensure_image(environment, self.workdir)
+            image = podman.ensure_image(environment, self.workdir, bwrap.etc_files(cfg.hostname))
         except podman.PodmanMissing as e:
             raise SandboxUnavailable(str(e)) from None
         memory_mb = environment.memory_mb or cfg.memory_mb
@@ -274,8 +274,7 @@ class Sandbox:
                    OBSSPEC_ROOT="readonly")
         self.container = podman.container_name()
         return podman.argv(cfg, self.workdir, image, environment, self.container, env,
-                           bwrap.etc_files(cfg.hostname), bwrap.next_cpu() if cfg.deterministic else None,
-                           bwrap.script("supervisor.sh"))
+                           bwrap.next_cpu() if cfg.deterministic else None, bwrap.script("supervisor.sh"))
 
     async def close(self) -> None:
         """Kill every process of the episode and free its files. Safe to call twice.

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install install-podman demo test test-fast bench clean
 
 # The venv is rebuilt when pyproject.toml changes. bubblewrap (the sandbox), faketime (the
 # pinned clock inside it) and chromium (the report's headless-browser test) are Debian
@@ -21,6 +21,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip >/dev/null
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $(STAMP)
+
+# The Podman backend (tasks with a Dockerfile, sandbox.backend=podman): podman, its runtime runc
+# and mmdebstrap (the offline base image). Installed when missing.
+install-podman:
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v mmdebstrap >/dev/null || { \
+	  echo "installing Debian packages: podman runc mmdebstrap"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc mmdebstrap >/dev/null; }
 
 demo: install
 	$(BIN)/obsspec demo

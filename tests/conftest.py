@@ -44,6 +44,9 @@ SLOW_TESTS = {
     "test_worldmodel.py::test_train_worldmodel_trains_publishes_and_evaluates",
     "test_worldmodel.py::test_train_adapter_learns_saves_and_leaves_the_base_as_it_was",
     "test_kit.py::test_a_training_step_changes_every_parameter",
+    "test_podman.py::test_harbor_image_tasks_pass_with_their_solution_and_fail_without",
+    "test_podman.py::test_the_episode_contract_holds_in_a_container",
+    "test_podman.py::test_memory_pids_and_cpu_are_the_containers_limits",
 }
 
 

@@ -1,0 +1,151 @@
+"""The Podman backend: the bubblewrap sandbox's episode contract in a container (real podman,
+real bash), images built offline from Dockerfiles, and Harbor tasks that need them. The
+reward-hack suite (tests/test_reward_hacks.py) runs on both backends as well."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from conftest import podman_missing
+from obsspec.env import podman
+from obsspec.env.episode import run_scripted
+from obsspec.env.harbor import import_harbor
+from obsspec.env.sandbox import Sandbox, SandboxConfig, SandboxUnavailable
+from obsspec.env.task import Task
+
+pytestmark = [pytest.mark.skipif(bool(podman_missing()), reason=podman_missing() or "-"),
+              pytest.mark.usefixtures("podman_base")]
+
+CFG = SandboxConfig(backend="podman", timeout_s=3, memory_mb=512, max_procs=64)
+TASKS = Path(__file__).parent / "fixtures" / "harbor_podman"
+
+
+async def _episode(commands: list[str], config=CFG, environment=None, verify=None):
+    async with Sandbox(config, environment=environment) as sb:
+        await sb.start(files={"notes.txt": "hi\n"}, setup="mkdir -p data")
+        results = [await sb.run(c) for c in commands]
+        reward = await sb.verify(*verify) if verify else None
+        return results, reward, sb
+
+
+def run(commands, **kw):
+    results, reward, _ = asyncio.run(_episode(commands, **kw))
+    return [r.output.decode() for r in results], results, reward
+
+
+def test_the_episode_contract_holds_in_a_container():
+    out, res, _ = run(["id -un; id -u; hostname; pwd; ls", "cd data && export X=7 && f() { echo fn; }",
+                       "echo $X; pwd; f", "(sleep 0.3; echo late > /tmp/late) & echo started",
+                       "sleep 0.6; cat /tmp/late 2>&1; echo $?", "sleep 10", "echo alive; pwd"])
+    assert out[0] == "agent\n1000\nsandbox\n/app\ndata\nnotes.txt\n", "not the agent's uid, host or workspace"
+    assert out[2] == "7\n/app/data\nfn\n", "shell state did not persist between commands"
+    assert out[4] == "cat: /tmp/late: No such file or directory\n1\n", "a background job outlived its command"
+    assert res[5].timed_out and res[5].exit_code == -1 and res[5].seconds < 5
+    assert out[6] == "alive\n/app/data\n", "the episode did not survive a timeout"
+
+
+def test_no_network_read_only_root_and_bounded_writes():
+    cfg = SandboxConfig(backend="podman", timeout_s=5, memory_mb=512, max_procs=64, workspace_mb=8)
+    out, _, _ = run(["python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), 2)' 2>&1 | tail -1",
+                     "touch /x /usr/x 2>&1 | wc -l", "head -c 20000000 /dev/zero 2>/dev/null > big; echo $?; du -sm . | cut -f1",
+                     "cat /proc/1/environ >/dev/null 2>&1; echo $?"], config=cfg)
+    assert "Network is unreachable" in out[0] or "OSError" in out[0], f"the container reached the network: {out[0]}"
+    assert out[1] == "2\n", "the container's root was writable"
+    assert out[2].split()[0] != "0" and int(out[2].split()[1]) <= 8, f"workspace quota not enforced: {out[2]}"
+    assert out[3] == "1\n", "the agent could read PID 1's environment (PID 1 must be non-dumpable)"
+
+
+def test_memory_pids_and_cpu_are_the_containers_limits():
+    env = podman.Environment(cpus=0.5, memory_mb=300)
+    hog = "python3 -c 'b = bytearray(200 << 20); import time; time.sleep(1.5)'"
+    cpu = ("python3 -c '\nimport os, resource, time\nfor _ in range(2):\n  if os.fork() == 0:\n"
+           "    t = time.time()\n    while time.time() - t < 1.5: pass\n    os._exit(0)\n"
+           "os.wait(); os.wait(); print(round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime, 2))'")
+    cfg = SandboxConfig(backend="podman", timeout_s=5, memory_mb=512, max_procs=64, deterministic=False)
+    out, res, _ = run([f"{hog} & {hog} & wait -n; echo $?; wait; echo done", ":(){ :|:& };:", "echo survived",
+                       "cat /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/memory/memory.limit_in_bytes", cpu],
+                      config=cfg, environment=env)
+    assert "137" in out[0].split() or "1" in out[0].split(), f"two 200 MB hogs fit in 300 MB: {out[0]}"
+    assert "Resource temporarily unavailable" in out[1] and out[2] == "survived\n", "a fork bomb was not contained"
+    assert out[3].split() == ["64", str(300 << 20)], out[3]
+    assert float(out[4]) < 2.0, f"--cpus 0.5 let two busy processes use {out[4]} s of CPU in 1.5 s"
+
+
+def test_the_clock_and_file_times_are_pinned_and_episodes_repeat():
+    commands = ["date +%s", "touch f; mkdir d", "stat -c '%n %Y' f d notes.txt", "ls -l --time-style=+%s"]
+    first, _, _ = run(commands)
+    second, _, _ = run(commands)
+    start, step = CFG.clock_start, CFG.turn_seconds
+    assert first[0] == f"{start + step}\n"
+    assert first[2] == f"f {start + 2 * step}\nd {start + 2 * step}\nnotes.txt {start}\n", first[2]
+    assert first == second, "two episodes of the same commands differed"
+
+
+def test_the_verifier_starts_after_every_agent_process_and_reads_its_own_files():
+    plant = ("ls /tests | wc -l; mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; "
+             "(while :; do echo 1 > /logs/verifier/reward.txt 2>/dev/null; done) & disown; echo planted")
+    # passes only when the planted file is gone and stays gone (its writer is dead)
+    check = "sleep 0.3; [ ! -e /logs/verifier/reward.txt ] && [ \"$(cat /tests/expected)\" = x ]"
+    out, _, reward = run([plant], verify=(check, {"expected": "x\n"}, None))
+    assert out[0] == "0\nplanted\n", "the verifier's files were visible during the episode"
+    assert reward == 1.0, "an agent process or its planted reward outlived the episode into the verifier"
+    _, _, planted = run([plant], verify=("exit 1", {}, None), )
+    assert planted == 0.0
+
+
+def test_closing_leaves_no_container_and_a_killed_one_is_an_infra_error():
+    import os
+    import signal
+
+    from obsspec.env.sandbox import SandboxError
+
+    async def go():
+        sb = Sandbox(CFG)
+        await sb.start()
+        name = sb.container
+        os.kill(sb._supervisor_pid, signal.SIGKILL)
+        with pytest.raises(SandboxError):
+            await sb.run("echo hi")
+        await sb.close()
+        return name
+
+    name = asyncio.run(go())
+    assert name not in podman.leftover_containers(), "a container outlived its episode"
+    assert podman.leftover_containers() == []
+
+
+def test_missing_podman_is_one_line_saying_how_to_install(monkeypatch):
+    monkeypatch.setattr(podman.shutil, "which", lambda name: None)
+    with pytest.raises(SandboxUnavailable, match=r"apt-get install podman runc.*make install-podman"):
+        asyncio.run(_episode([]))
+
+
+def test_a_failed_build_is_one_line_naming_the_step():
+    env = podman.Environment(files={"Dockerfile": "FROM debian:bookworm-slim\nRUN echo broken >&2 && exit 3\n"})
+    with pytest.raises(podman.ImageUnavailable, match="image build failed") as e:
+        asyncio.run(_episode([], environment=env))
+    assert "\n" not in str(e.value)
+
+
+def test_harbor_image_tasks_pass_with_their_solution_and_fail_without():
+    report = import_harbor(TASKS)
+    assert dict(report.skipped) == {"no-registry": "environment/Dockerfile: base image python:3.11-slim-bookworm "
+                                    "is not available offline (only debian:bookworm, debian:bookworm-slim and "
+                                    "debian:12 are built locally)"}
+    cfg = SandboxConfig(timeout_s=20, memory_mb=512, max_procs=64)  # (bwrap backend: images still use podman)
+    for task in report.tasks:
+        assert task.needs_image and task.files == {}, task.task_id
+        solved = asyncio.run(run_scripted(task, task.solution, cfg))
+        idle = asyncio.run(run_scripted(task, [], cfg))
+        assert (solved.reward, idle.reward) == (1.0, 0.0), (task.task_id, solved, idle)
+        assert Task.from_dict(task.to_dict()) == task
+
+
+def test_tasks_without_images_keep_their_suite_form():
+    task = Task("t-1", "f", "do", ["ls"], "true")
+    assert not {"image", "image_files", "resources"} & set(task.to_dict())
+    with pytest.raises(ValueError, match="Dockerfile"):
+        Task("t-2", "f", "do", [], "true", image_files={"a.txt": "x"})
+    with pytest.raises(ValueError, match="resources"):
+        Task("t-3", "f", "do", [], "true", image="debian:12", resources={"gpus": 1})

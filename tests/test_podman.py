@@ -149,3 +149,20 @@ def test_tasks_without_images_keep_their_suite_form():
         Task("t-2", "f", "do", [], "true", image_files={"a.txt": "x"})
     with pytest.raises(ValueError, match="resources"):
         Task("t-3", "f", "do", [], "true", image="debian:12", resources={"gpus": 1})
+
+
+def test_task_images_follow_the_images_they_build_on():
+    """A task image's name covers the IDs of its base images: a rebuilt base (new ID) gives new
+    task images, never a stale one built on the old base."""
+    files = {"Dockerfile": "FROM debian:bookworm\nRUN true\n"}
+    etc = {"passwd": "agent:x:1000:1000::/home/agent:/bin/bash\n"}
+    first = podman.task_tag(files, "/app", etc, ["sha256:" + "a" * 64])
+    assert first == podman.task_tag(dict(files), "/app", dict(etc), ["sha256:" + "a" * 64]), "the tag is not stable"
+    assert first != podman.task_tag(files, "/app", etc, ["sha256:" + "b" * 64]), \
+        "a rebuilt base image (another ID) kept the task image built on the old one"
+    # the IDs are the images the FROM lines resolve to: our base for debian:12, none for a stage
+    base = podman.image_id(podman.BASE_IMAGE)
+    staged = "FROM debian:12 AS build\nRUN true\nFROM build\nFROM scratch\n"
+    assert podman.base_ids(staged) == [base] and podman.base_ids("FROM debian:bookworm-slim\n") == [base]
+    with pytest.raises(podman.ImageUnavailable, match="cannot be pulled"):
+        podman.base_ids("FROM python:3.11-slim\n")

@@ -10,7 +10,8 @@ Images, built once and shared by every episode that needs them:
   imported with `podman import` (there is no registry here; about a minute, once).
 - `FROM debian:bookworm`, `debian:bookworm-slim` and `debian:12*` resolve to that base; any other
   base must already be a local image (a task that names one that is not is refused, naming it).
-- per task, `obsspec-task:<hash of the build context and workdir>`: the task's Dockerfile plus
+- per task, `obsspec-task:<hash of the build context, workdir and the IDs of the images it
+  builds on>` (a rebuilt base gets new task images, never stale ones): the task's Dockerfile plus
   one layer of ours that checks that bash and python3 are there (the supervisor and its janitor
   need them), copies bash to an execute-only file for PID 1 (the kernel makes a process whose
   executable it cannot read non-dumpable: the agent cannot ptrace PID 1) and gives the workdir to
@@ -260,8 +261,8 @@ def ensure_image(environment: Environment, workdir: str, etc: dict[str, str], sa
     files = dict(environment.files)
     if "Dockerfile" not in files:
         files = {"Dockerfile": f"FROM {environment.image or 'debian:bookworm'}\n"}
-    digest = hashlib.sha256(repr((sorted(files.items()), workdir, sorted(etc.items()))).encode()).hexdigest()[:16]
-    tag = f"{TASK_REPO}:{digest}"
+    tag = task_tag(files, workdir, etc, base_ids(files["Dockerfile"]))
+    digest = tag.split(":")[1]
     with _lock(tag), _FileLock(f"task-{digest}"):
         if image_exists(tag):
             return tag
@@ -288,6 +289,35 @@ def ensure_image(environment: Environment, workdir: str, etc: dict[str, str], sa
             raise ImageUnavailable(f"image build failed: {_reason(log_path)} (log: {log_path})")
         say(f"built {tag} in {time.monotonic() - t0:.0f} s")
         return tag
+
+
+def task_tag(files: dict[str, str], workdir: str, etc: dict[str, str], bases: list[str]) -> str:
+    """The task image's name: a hash of everything it is built from, the IDs of the images it
+    builds on included (`bases`), so that a rebuilt base means rebuilt task images."""
+    key = repr((sorted(files.items()), workdir, sorted(etc.items()), bases))
+    return f"{TASK_REPO}:{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def base_ids(dockerfile: str) -> list[str]:
+    """IDs of the images a Dockerfile's FROM lines resolve to (earlier stages and scratch have
+    none), building our base first if it is missing."""
+    stages: set[str] = set()
+    ids = []
+    for base, stage in from_names(dockerfile):
+        resolved = resolve_base(base, stages)
+        if resolved not in stages and resolved != "scratch":
+            ids.append(image_id(resolved))
+        if stage:
+            stages.add(stage)
+    return ids
+
+
+def image_id(name: str) -> str:
+    """The ID of a local image (`podman image inspect --format {{.Id}}`)."""
+    out = podman("image", "inspect", "--format", "{{.Id}}", name, timeout=60)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise ImageUnavailable(f"cannot read the ID of image {name}: {out.stdout.strip()[-200:]}")
+    return out.stdout.strip()
 
 
 def _resolved(dockerfile: str) -> str:

@@ -166,3 +166,39 @@ def test_task_images_follow_the_images_they_build_on():
     assert podman.base_ids(staged) == [base] and podman.base_ids("FROM debian:bookworm-slim\n") == [base]
     with pytest.raises(podman.ImageUnavailable, match="cannot be pulled"):
         podman.base_ids("FROM python:3.11-slim\n")
+
+
+def test_the_first_container_of_a_process_removes_those_whose_harness_is_dead():
+    import os
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    dead = f"{gone.pid}:{podman.process_start(gone.pid)}"
+    gone.wait()
+    me = podman.owner()
+    reused = f"{os.getpid()}:{int(me.split(':')[1]) + 1}"  # this PID, another process's start time
+    owners = {"dead": dead, "reused": reused, "live": me, "unlabelled": ""}
+    names = {}
+    for what, label in owners.items():
+        names[what] = f"obsspec-sweep-{what}-{os.getpid()}"
+        labels = ["--label", f"{podman.OWNER_LABEL}={label}"] if label else []
+        started = podman.podman("run", "-d", "--name", names[what], "--label", f"{podman.LABEL}=1", *labels,
+                                "--pull=never", podman.BASE_IMAGE, "sleep", "600")
+        assert started.returncode == 0, started.stdout
+    try:
+        podman._swept = False  # as in a fresh process: its first sandbox sweeps
+
+        async def episode_owner():
+            async with Sandbox(CFG) as sb:
+                await sb.start()
+                label = f'{{{{index .Config.Labels "{podman.OWNER_LABEL}"}}}}'
+                return podman.podman("inspect", "--format", label, sb.container).stdout.strip()
+
+        assert asyncio.run(episode_owner()) == me, "an episode container does not name its harness"
+        left = set(podman.leftover_containers())
+        assert names["dead"] not in left, "a container whose harness died was left behind"
+        assert names["reused"] not in left, "a container was kept because its owner's PID was reused"
+        assert {names["live"], names["unlabelled"]} <= left, "a container of a live (or unknown) owner was removed"
+        assert podman.remove_orphans() == [], "a second sweep found more to remove"
+    finally:
+        podman.podman("rm", "-f", "-t", "0", "--ignore", *names.values())

@@ -22,6 +22,8 @@ The container: `--read-only` root; size-limited tmpfs mounts for the workdir, /t
 `--memory`, `--memory-swap` (no swap), `--pids-limit`, `--cpus`; no capabilities, no new
 privileges; uid 1000 (`agent`) with our /etc/passwd; libfaketime and libstdbuf from the host,
 mounted read-only (they need a glibc at least as new as the host's: Debian 12 and newer).
+Each container is labelled with its harness process (PID and start time); a process's first
+container removes those whose harness is gone (a crash leaves them: conmon keeps them alive).
 
 Podman runs with a containers.conf that obsspec owns (CONTAINERS_CONF, never the user's global
 one): runtime runc, cgroupfs, file events and ulimits no higher than our own hard limits (with
@@ -53,6 +55,7 @@ TASK_REPO = "obsspec-task"
 # solutions use beyond coreutils (the bubblewrap sandbox has the host's /usr instead).
 BASE_PACKAGES = ("python3", "jq")
 LABEL = "obsspec.episode"
+OWNER_LABEL = "obsspec.owner"  # 'PID:START' of the harness process that started the container
 # A build context is text (Task.image_files): this entry of it lists, one a line, the files that
 # are executable in the task folder; it is not written into the context, the files it names get
 # mode 0755 there (so `COPY run.sh /app/` keeps run.sh runnable).
@@ -159,6 +162,61 @@ def leftover_containers() -> list[str]:
     """Names of episode containers that exist now (a crashed harness can leave some)."""
     out = podman("ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}", timeout=60)
     return out.stdout.split() if out.returncode == 0 else []
+
+
+# ---------------------------------------------------------------------------------------------
+# Containers a crashed harness left: every container is labelled with its owner, the harness
+# process, as PID and start time (a PID alone may be reused by another process after a crash).
+
+
+def process_start(pid: int) -> str:
+    """When a process started (field 22 of /proc/PID/stat, clock ticks after boot); '' when no
+    such process exists."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]  # (after the command name, which may hold spaces)
+
+
+def owner() -> str:
+    """This process, as the owner label of the containers it starts: 'PID:START'."""
+    return f"{os.getpid()}:{process_start(os.getpid())}"
+
+
+def owner_dead(label: str) -> bool:
+    """Is the process an owner label names gone? (False for a label that is no owner's.)"""
+    pid, _, start = label.partition(":")
+    return pid.isdigit() and start.isdigit() and process_start(int(pid)) != start
+
+
+def remove_orphans() -> list[str]:
+    """Remove the episode containers whose owner is dead; their names. Containers of live
+    owners, and containers without an owner label, are left alone."""
+    out = podman("ps", "-a", "--filter", f"label={LABEL}", "--format", "json", timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"podman ps failed: {out.stdout.strip()[-300:]}")
+    orphans = [c["Names"][0] for c in json.loads(out.stdout or "[]")
+               if owner_dead((c.get("Labels") or {}).get(OWNER_LABEL, ""))]
+    if orphans:
+        done = podman("rm", "-f", "-t", "0", "--ignore", *orphans, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"could not remove leftover containers {orphans}: {done.stdout.strip()[-300:]}")
+        _say(f"removed {len(orphans)} episode container(s) left by a harness that is gone: {' '.join(orphans)}")
+    return orphans
+
+
+_swept = False
+
+
+def sweep_once() -> None:
+    """`remove_orphans()` at this process's first container (the backend's start)."""
+    global _swept
+    with _lock("sweep"):
+        if not _swept:
+            remove_orphans()
+            _swept = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,6 +456,7 @@ def argv(config, workdir: str, image: str, environment: Environment, name: str,
         return ["--tmpfs", f"{path}:rw,exec,nosuid,nodev,size={mb}m,mode={mode},U"]
 
     out = [check_podman(), "run", "-i", "--rm", "--name", name, "--label", f"{LABEL}=1",
+           "--label", f"{OWNER_LABEL}={owner()}",
            "--pull=never", "--log-driver=none", "--entrypoint", SUPERVISOR,
            "--user", "1000:1000", "--passwd=false", "--hostname", config.hostname, "--no-hosts",
            "--read-only", "--read-only-tmpfs=false", "--cap-drop=all",

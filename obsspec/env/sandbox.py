@@ -264,6 +264,7 @@ class Sandbox:
         """The `podman run` command line (building the image first if it is missing)."""
         cfg, environment = self.config, self.environment or podman.Environment()
         try:
+            podman.sweep_once()  # containers an earlier, crashed harness left
             image = podman.ensure_image(environment, self.workdir, bwrap.etc_files(cfg.hostname))
         except podman.PodmanMissing as e:
             raise SandboxUnavailable(str(e)) from None

@@ -47,6 +47,8 @@ SLOW_TESTS = {
     "test_podman.py::test_harbor_image_tasks_pass_with_their_solution_and_fail_without",
     "test_podman.py::test_the_episode_contract_holds_in_a_container",
     "test_podman.py::test_memory_pids_and_cpu_are_the_containers_limits",
+    "test_podman.py::test_the_first_container_of_a_process_removes_those_whose_harness_is_dead",
+    "test_podman.py::test_every_builtin_family_validates_in_a_container",
 }
 
 

@@ -3,6 +3,7 @@ real bash), images built offline from Dockerfiles, and Harbor tasks that need th
 reward-hack suite (tests/test_reward_hacks.py) runs on both backends as well."""
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,21 @@ def test_the_first_container_of_a_process_removes_those_whose_harness_is_dead():
         assert podman.remove_orphans() == [], "a second sweep found more to remove"
     finally:
         podman.podman("rm", "-f", "-t", "0", "--ignore", *names.values())
+
+
+def test_every_builtin_family_validates_in_a_container(tmp_path):
+    """`prepare-tasks` with sandbox.backend=podman, one instance per family: each reference
+    solution passes its verifier in the base image, doing nothing fails, and the observations
+    repeat (the base image holds every tool the families' setups and solutions use)."""
+    from obsspec.env.families import all_families
+    from obsspec.env.suite import TasksConfig, prepare_tasks
+    from obsspec.progress import NullDisplay
+
+    families = sorted(all_families())
+    cfg = TasksConfig(num_instances=len(families), val_fraction=0.0, workers=4)
+    summary = asyncio.run(prepare_tasks(cfg, SandboxConfig(backend="podman"), str(tmp_path), NullDisplay()))
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["dropped"] == [], f"families that do not validate in the base image: {manifest['dropped']}"
+    assert sorted(manifest["families"]) == families and summary["train"] == len(families)
+    assert summary["commands_differing"] == 0, json.loads((tmp_path / "determinism.json").read_text())["differing"]
+

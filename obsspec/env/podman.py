@@ -6,8 +6,9 @@ bubblewrap sandbox: PID 1 is obsspec's supervisor (scripts/supervisor.sh), fed o
 harness (obsspec/env/sandbox.py) speaks the same protocol to it. Only the command line differs.
 
 Images, built once and shared by every episode that needs them:
-- `obsspec-debian:bookworm`, the base: `mmdebstrap --variant=minbase --include=python3 bookworm`
-  imported with `podman import` (there is no registry here; about a minute, once).
+- `obsspec-debian:bookworm`, the base: `mmdebstrap --variant=minbase --include=BASE_PACKAGES
+  bookworm` imported with `podman import` (there is no registry here; about a minute, once, and
+  again when BASE_PACKAGES changes: the image's label `obsspec.packages` records them).
 - `FROM debian:bookworm`, `debian:bookworm-slim` and `debian:12*` resolve to that base; any other
   base must already be a local image (a task that names one that is not is refused, naming it).
 - per task, `obsspec-task:<hash of the build context, workdir and the IDs of the images it
@@ -53,7 +54,8 @@ BASE_IMAGE = "obsspec-debian:bookworm"
 TASK_REPO = "obsspec-task"
 # On top of minbase: the janitor's python3, and the tools the built-in task families' reference
 # solutions use beyond coreutils (the bubblewrap sandbox has the host's /usr instead).
-BASE_PACKAGES = ("python3", "jq")
+BASE_PACKAGES = ("python3", "jq", "bzip2", "xz-utils", "zip", "unzip", "sqlite3")
+PACKAGES_LABEL = "obsspec.packages"  # the base image's BASE_PACKAGES: other ones, it is rebuilt
 LABEL = "obsspec.episode"
 OWNER_LABEL = "obsspec.owner"  # 'PID:START' of the harness process that started the container
 # A build context is text (Task.image_files): this entry of it lists, one a line, the files that
@@ -246,14 +248,19 @@ class _FileLock:
 
 
 def ensure_base(say=None) -> str:
-    """The base image, built when it is missing (mmdebstrap + podman import, about a minute)."""
+    """The base image, built when it is missing or holds other packages than BASE_PACKAGES
+    (mmdebstrap + podman import, about a minute; task images follow it: see task_tag)."""
     say = say or _say
+    packages = ",".join(BASE_PACKAGES)
     with _lock(BASE_IMAGE), _FileLock("base"):
-        if image_exists(BASE_IMAGE):
+        label = podman("image", "inspect", "--format", f'{{{{index .Labels "{PACKAGES_LABEL}"}}}}', BASE_IMAGE,
+                       timeout=60)
+        if label.returncode == 0 and label.stdout.strip() == packages:
             return BASE_IMAGE
         if shutil.which("mmdebstrap") is None:
             raise PodmanMissing(f"building the base image {BASE_IMAGE} needs mmdebstrap: {INSTALL_HINT}")
-        say(f"building the base image {BASE_IMAGE} (mmdebstrap minbase + python3, jq; about a minute, once)")
+        why = "its packages changed" if label.returncode == 0 else "about a minute, once"
+        say(f"building the base image {BASE_IMAGE} (mmdebstrap minbase + {packages}; {why})")
         t0 = time.monotonic()
         log_path = os.path.join(cache_dir(), "base-build.log")
         with tempfile.TemporaryDirectory(prefix="obsspec-base-") as tmp, open(log_path, "w") as log:
@@ -264,7 +271,8 @@ def ensure_base(say=None) -> str:
                                       timeout=BASE_BUILD_TIMEOUT_S)
                 if done.returncode != 0:
                     raise ImageUnavailable(f"building {BASE_IMAGE} failed: {_last_line(log_path)} (log: {log_path})")
-            if podman("import", tar, BASE_IMAGE, timeout=600, log=log).returncode != 0:
+            label = ["--change", f"LABEL {PACKAGES_LABEL}={packages}"]
+            if podman("import", *label, tar, BASE_IMAGE, timeout=600, log=log).returncode != 0:
                 raise ImageUnavailable(f"importing {BASE_IMAGE} failed: {_last_line(log_path)} (log: {log_path})")
         say(f"built {BASE_IMAGE} in {time.monotonic() - t0:.0f} s")
         return BASE_IMAGE

@@ -161,7 +161,8 @@ async def preflight(config: SandboxConfig) -> None:
     except SandboxUnavailable:
         raise
     except SandboxError as e:
-        raise SandboxUnavailable(f"cannot start a bubblewrap sandbox here: {e}") from None
+        what = "a podman container" if config.backend == "podman" else "a bubblewrap sandbox"
+        raise SandboxUnavailable(f"cannot start {what} here: {e}") from None
     finally:
         await sandbox.close()
 

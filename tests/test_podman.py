@@ -221,3 +221,44 @@ def test_every_builtin_family_validates_in_a_container(tmp_path):
     assert sorted(manifest["families"]) == families and summary["train"] == len(families)
     assert summary["commands_differing"] == 0, json.loads((tmp_path / "determinism.json").read_text())["differing"]
 
+
+def test_speculation_is_lossless_on_container_tasks():
+    """The method's first invariant on the Harbor image tasks, sandbox.backend=podman: with a
+    scripted policy (tests/fakes.py), speculative rollouts, on drafts that all match (an oracle)
+    and on drafts every other one of which is spoiled (rollbacks), give the token ids, masks,
+    logprobs and rewards of the sequential rollouts."""
+    from fakes import ByteTokenizer, ScriptedPolicy
+    from obsspec.rollout.events import EventBus
+    from obsspec.rollout.predictors import Corrupting
+    from obsspec.rollout.scheduler import Sampling, Scheduler
+    from obsspec.rollout.tools import EmulatedLatency, SandboxTool
+    from obsspec.tokens import ChatFormat
+    from test_rollout import Recording, assert_accounted, assert_lossless, oracle_from
+
+    tasks = import_harbor(TASKS).tasks
+    commands = ["ls", "pwd", "echo {h} >> log.txt; tail -n 2 log.txt", "cat nope-{h}",
+                *{c for t in tasks for c in t.solution}]
+    cfg = SandboxConfig(backend="podman", timeout_s=10, output_cap=512, memory_mb=512, max_procs=64)
+    slow_tool = EmulatedLatency("fixed", 0.4)  # slower than a scripted action: speculation runs ahead
+    episodes = [t for t in tasks for _ in range(2)]
+
+    def rollout(speculative, predictor=None):
+        tok = ByteTokenizer()
+        bus, rec = EventBus(), Recording()
+        bus.subscribe(rec)
+        sampling = Sampling(max_turns=5, max_new_tokens=400, max_context=6000, seed=5)
+        sched = Scheduler(ScriptedPolicy(tok, commands, done_after=4), ChatFormat(tok), bus, sampling,
+                          cap=cfg.output_cap, predictor=predictor)
+        make_tool = lambda task, episode: SandboxTool(task, episode, cfg, slow_tool)  # noqa: E731
+        return asyncio.run(sched.run_batch(episodes, make_tool, speculative)), rec
+
+    seq, _ = rollout(False)
+    assert {t.reward for t in seq} == {0.0, 1.0}, "the scripted policy should both solve and fail tasks"
+    for predictor in (oracle_from(tasks, seq, group=2), Corrupting(oracle_from(tasks, seq, group=2), every=2)):
+        spec, rec = rollout(True, predictor)
+        assert_lossless(seq, spec)
+        assert_accounted(rec)
+        kinds = rec.kinds()
+        assert kinds["spec_start"] > 0 and kinds["match"] > 0, f"speculation never ran ({predictor.name}): {kinds}"
+        if predictor.name.endswith("corrupt2"):
+            assert kinds["rollback"] > 0, f"no rollback with spoiled drafts: {kinds}"

@@ -1,6 +1,8 @@
 """The Podman backend: the bubblewrap sandbox's episode contract in a container (real podman,
-real bash), images built offline from Dockerfiles, and Harbor tasks that need them. The
-reward-hack suite (tests/test_reward_hacks.py) runs on both backends as well."""
+real bash), images built offline from Dockerfiles (and rebuilt with their base), leftover
+containers of a dead harness, Harbor tasks that need images, every built-in family, and lossless
+speculation on container tasks. The reward-hack and fault suites (tests/test_reward_hacks.py,
+tests/test_faults.py) run on both backends as well."""
 
 import asyncio
 import json

@@ -80,10 +80,10 @@ def podman_missing() -> str:
 def podman_base():
     if podman_missing():
         pytest.skip(podman_missing())
-    from obsspec.env import podman
+    from obsspec.env import images, podman
 
-    podman.ensure_base()
-    yield podman.BASE_IMAGE
+    images.ensure_base()
+    yield images.BASE_IMAGE
     left = podman.leftover_containers()
     assert not left, f"episode containers left behind: {left}"
 

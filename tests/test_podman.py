@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import podman_missing
-from obsspec.env import podman
+from obsspec.env import images, podman
 from obsspec.env.episode import run_scripted
 from obsspec.env.harbor import import_harbor
 from obsspec.env.sandbox import Sandbox, SandboxConfig, SandboxUnavailable
@@ -126,7 +126,7 @@ def test_missing_podman_is_one_line_saying_how_to_install(monkeypatch):
 
 def test_a_failed_build_is_one_line_naming_the_step():
     env = podman.Environment(files={"Dockerfile": "FROM debian:bookworm-slim\nRUN echo broken >&2 && exit 3\n"})
-    with pytest.raises(podman.ImageUnavailable, match="image build failed") as e:
+    with pytest.raises(images.ImageUnavailable, match="image build failed") as e:
         asyncio.run(_episode([], environment=env))
     assert "\n" not in str(e.value)
 
@@ -159,16 +159,16 @@ def test_task_images_follow_the_images_they_build_on():
     task images, never a stale one built on the old base."""
     files = {"Dockerfile": "FROM debian:bookworm\nRUN true\n"}
     etc = {"passwd": "agent:x:1000:1000::/home/agent:/bin/bash\n"}
-    first = podman.task_tag(files, "/app", etc, ["sha256:" + "a" * 64])
-    assert first == podman.task_tag(dict(files), "/app", dict(etc), ["sha256:" + "a" * 64]), "the tag is not stable"
-    assert first != podman.task_tag(files, "/app", etc, ["sha256:" + "b" * 64]), \
+    first = images.task_tag(files, "/app", etc, ["sha256:" + "a" * 64])
+    assert first == images.task_tag(dict(files), "/app", dict(etc), ["sha256:" + "a" * 64]), "the tag is not stable"
+    assert first != images.task_tag(files, "/app", etc, ["sha256:" + "b" * 64]), \
         "a rebuilt base image (another ID) kept the task image built on the old one"
     # the IDs are the images the FROM lines resolve to: our base for debian:12, none for a stage
-    base = podman.image_id(podman.BASE_IMAGE)
+    base = images.image_id(images.BASE_IMAGE)
     staged = "FROM debian:12 AS build\nRUN true\nFROM build\nFROM scratch\n"
-    assert podman.base_ids(staged) == [base] and podman.base_ids("FROM debian:bookworm-slim\n") == [base]
-    with pytest.raises(podman.ImageUnavailable, match="cannot be pulled"):
-        podman.base_ids("FROM python:3.11-slim\n")
+    assert images.base_ids(staged) == [base] and images.base_ids("FROM debian:bookworm-slim\n") == [base]
+    with pytest.raises(images.ImageUnavailable, match="cannot be pulled"):
+        images.base_ids("FROM python:3.11-slim\n")
 
 
 def test_the_first_container_of_a_process_removes_those_whose_harness_is_dead():
@@ -186,7 +186,7 @@ def test_the_first_container_of_a_process_removes_those_whose_harness_is_dead():
         names[what] = f"obsspec-sweep-{what}-{os.getpid()}"
         labels = ["--label", f"{podman.OWNER_LABEL}={label}"] if label else []
         started = podman.podman("run", "-d", "--name", names[what], "--label", f"{podman.LABEL}=1", *labels,
-                                "--pull=never", podman.BASE_IMAGE, "sleep", "600")
+                                "--pull=never", images.BASE_IMAGE, "sleep", "600")
         assert started.returncode == 0, started.stdout
     try:
         podman._swept = False  # as in a fresh process: its first sandbox sweeps

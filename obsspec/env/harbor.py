@@ -25,7 +25,7 @@ How a Harbor task folder maps onto a `Task`:
 
 Decisions:
 - A task with an image (environment/Dockerfile, or `[environment] docker_image`) runs in a
-  Podman container of it (obsspec/env/podman.py): environment/ is the build context, not
+  Podman container of it (obsspec/env/images.py): environment/ is the build context, not
   workspace files. The image is built when an episode first needs it; a base image that cannot
   be had offline (only Debian 12 is built locally; no registry) skips the task here, naming it.
   docker-compose (several services) is skipped.
@@ -62,7 +62,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from obsspec.env import podman
+from obsspec.env import images
 from obsspec.env.task import Task, check_workdir
 
 MAX_TASK_BYTES = 5 * 1024 * 1024
@@ -204,15 +204,15 @@ def _image_task(folder: Path, config: dict, image: str) -> tuple[dict[str, str],
     resources = _resources(config)
     if (folder / "environment/Dockerfile").is_file():
         dockerfile = _text(folder, "environment/Dockerfile")
-        problem = podman.offline_problem(dockerfile)
+        problem = images.offline_problem(dockerfile)
         if problem:
             raise _Skip(f"environment/Dockerfile: {problem}")
         context = _tree(folder, "environment")
         executable = _executable(folder, "environment")
         if executable:  # (COPY keeps modes: tasks hold text, so the modes travel by name)
-            context[podman.EXECUTABLES] = "".join(f"{rel}\n" for rel in executable)
+            context[images.EXECUTABLES] = "".join(f"{rel}\n" for rel in executable)
         return {}, "", _dockerfile_workdir(dockerfile), {"image_files": context, "resources": resources}
-    problem = podman.offline_problem(f"FROM {image}\n")
+    problem = images.offline_problem(f"FROM {image}\n")
     if problem:
         raise _Skip(f"task.toml: environment.docker_image: {problem}")
     return {}, "", DEFAULT_WORKDIR, {"image": image, "resources": resources}

@@ -43,7 +43,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from obsspec.env import bwrap, podman
+from obsspec.env import bwrap, images, podman
 from obsspec.fields import doc
 from obsspec.chat import capture_bytes_for
 from obsspec.env.task import check_workdir
@@ -266,7 +266,7 @@ class Sandbox:
         cfg, environment = self.config, self.environment or podman.Environment()
         try:
             podman.sweep_once()  # containers an earlier, crashed harness left
-            image = podman.ensure_image(environment, self.workdir, bwrap.etc_files(cfg.hostname))
+            image = images.ensure_image(environment, self.workdir, bwrap.etc_files(cfg.hostname))
         except podman.PodmanMissing as e:
             raise SandboxUnavailable(str(e)) from None
         memory_mb = environment.memory_mb or cfg.memory_mb

@@ -15,7 +15,7 @@ Conventions every task follows:
 - `solution` is the reference solution: a list of bash commands, one per agent turn.
 - `image_files` (optional) is a container build context holding a `Dockerfile` (a Harbor task's
   environment/), or `image` names an image to use as it is: the task then runs in a Podman
-  container of that image (obsspec/env/podman.py), with `resources` (cpus, memory_mb,
+  container of that image (obsspec/env/podman.py, images.py), with `resources` (cpus, memory_mb,
   storage_mb, internet) as its limits. Tasks without them run in the recipe's sandbox backend.
 - `kind` (optional) names the family's variant of the task (dir-stats: which number is asked);
   training interleaves kinds so every part of a run sees the same mix, and reports success per kind.

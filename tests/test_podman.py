@@ -165,6 +165,10 @@ def test_task_images_follow_the_images_they_build_on():
         "a rebuilt base image (another ID) kept the task image built on the old one"
     # the IDs are the images the FROM lines resolve to: our base for debian:12, none for a stage
     base = images.image_id(images.BASE_IMAGE)
+    assert images.ensure_base() == base
+    # the base records its package list: a base of another list is rebuilt (a new ID)
+    fmt = f'{{{{index .Labels "{images.PACKAGES_LABEL}"}}}}'
+    assert podman.podman("image", "inspect", "--format", fmt, base).stdout.strip() == ",".join(images.BASE_PACKAGES)
     staged = "FROM debian:12 AS build\nRUN true\nFROM build\nFROM scratch\n"
     assert images.base_ids(staged) == [base] and images.base_ids("FROM debian:bookworm-slim\n") == [base]
     with pytest.raises(images.ImageUnavailable, match="cannot be pulled"):

@@ -79,18 +79,20 @@ class _FileLock:
 
 
 def ensure_base(say=None) -> str:
-    """The base image, built when it is missing or holds other packages than BASE_PACKAGES
-    (mmdebstrap + podman import, about a minute; task images follow it: see task_tag)."""
+    """The base image's ID; the image is built when it is missing or holds other packages than
+    BASE_PACKAGES (mmdebstrap + podman import, about a minute; task images follow it: task_tag)."""
     say = say or podman_say
     packages = ",".join(BASE_PACKAGES)
     with _lock(BASE_IMAGE), _FileLock("base"):
-        label = podman("image", "inspect", "--format", f'{{{{index .Labels "{PACKAGES_LABEL}"}}}}', BASE_IMAGE,
-                       timeout=60)
-        if label.returncode == 0 and label.stdout.strip() == packages:
-            return BASE_IMAGE
+        # one podman call when the base is there (every episode start makes it)
+        found = podman("image", "inspect", "--format", f'{{{{.Id}}}} {{{{index .Labels "{PACKAGES_LABEL}"}}}}',
+                       BASE_IMAGE, timeout=60)
+        image, _, label = found.stdout.strip().partition(" ")
+        if found.returncode == 0 and label == packages:
+            return image
         if shutil.which("mmdebstrap") is None:
             raise PodmanMissing(f"building the base image {BASE_IMAGE} needs mmdebstrap: {INSTALL_HINT}")
-        why = "its packages changed" if label.returncode == 0 else "about a minute, once"
+        why = "its packages changed" if found.returncode == 0 else "about a minute, once"
         say(f"building the base image {BASE_IMAGE} (mmdebstrap minbase + {packages}; {why})")
         t0 = time.monotonic()
         log_path = os.path.join(cache_dir(), "base-build.log")
@@ -106,7 +108,7 @@ def ensure_base(say=None) -> str:
             if podman("import", *label, tar, BASE_IMAGE, timeout=600, log=log).returncode != 0:
                 raise ImageUnavailable(f"importing {BASE_IMAGE} failed: {_last_line(log_path)} (log: {log_path})")
         say(f"built {BASE_IMAGE} in {time.monotonic() - t0:.0f} s")
-        return BASE_IMAGE
+        return image_id(BASE_IMAGE)
 
 
 def resolve_base(name: str, stages: set[str]) -> str:
@@ -114,7 +116,8 @@ def resolve_base(name: str, stages: set[str]) -> str:
     if name in stages or name == "scratch":
         return name
     if LOCAL_BASE.fullmatch(name):
-        return ensure_base()
+        ensure_base()
+        return BASE_IMAGE
     if image_exists(name):
         return name
     raise ImageUnavailable(f"base image {name} is not here and cannot be pulled (no registry); "
@@ -201,9 +204,10 @@ def base_ids(dockerfile: str) -> list[str]:
     stages: set[str] = set()
     ids = []
     for base, stage in from_names(dockerfile):
-        resolved = resolve_base(base, stages)
-        if resolved not in stages and resolved != "scratch":
-            ids.append(image_id(resolved))
+        if LOCAL_BASE.fullmatch(base) and base not in stages:
+            ids.append(ensure_base())
+        elif resolve_base(base, stages) not in stages and base != "scratch":
+            ids.append(image_id(base))
         if stage:
             stages.add(stage)
     return ids

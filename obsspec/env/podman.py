@@ -129,6 +129,17 @@ def leftover_containers() -> list[str]:
     return out.stdout.split() if out.returncode == 0 else []
 
 
+def say(message: str) -> None:
+    print(f"obsspec: {message}", file=sys.stderr, flush=True)
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.{secrets.token_hex(4)}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 # ---------------------------------------------------------------------------------------------
 # Containers a crashed harness left: every container is labelled with its owner, the harness
 # process, as PID and start time (a PID alone may be reused by another process after a crash).
@@ -159,11 +170,14 @@ def owner_dead(label: str) -> bool:
 def remove_orphans() -> list[str]:
     """Remove the episode containers whose owner is dead; their names. Containers of live
     owners, and containers without an owner label, are left alone."""
-    out = podman("ps", "-a", "--filter", f"label={LABEL}", "--format", "json", timeout=60)
+    # (one 'NAME<tab>OWNER' line per container; a line of anything else, a warning of podman's
+    # on the same stream, names no dead owner)
+    fmt = f'{{{{.Names}}}}\t{{{{index .Labels "{OWNER_LABEL}"}}}}'
+    out = podman("ps", "-a", "--filter", f"label={LABEL}", "--format", fmt, timeout=60)
     if out.returncode != 0:
         raise RuntimeError(f"podman ps failed: {out.stdout.strip()[-300:]}")
-    orphans = [c["Names"][0] for c in json.loads(out.stdout or "[]")
-               if owner_dead((c.get("Labels") or {}).get(OWNER_LABEL, ""))]
+    rows = [line.split("\t") for line in out.stdout.splitlines()]
+    orphans = [row[0] for row in rows if len(row) == 2 and owner_dead(row[1])]
     if orphans:
         done = podman("rm", "-f", "-t", "0", "--ignore", *orphans, timeout=300)
         if done.returncode != 0:
@@ -183,18 +197,6 @@ def sweep_once() -> None:
         if not _swept:
             remove_orphans()
             _swept = True
-
-
-
-def say(message: str) -> None:
-    print(f"obsspec: {message}", file=sys.stderr, flush=True)
-
-
-def _write(path: str, text: str) -> None:
-    tmp = f"{path}.{secrets.token_hex(4)}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------

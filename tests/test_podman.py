@@ -176,8 +176,11 @@ def test_task_images_follow_the_images_they_build_on():
 
 
 def test_the_first_container_of_a_process_removes_those_whose_harness_is_dead():
+    """Containers left by a dead harness (labelled with its PID and start time) are removed when
+    a new process starts its first container; a live owner's, or an unlabelled one, stays."""
     import os
     import subprocess
+    import sys
 
     gone = subprocess.Popen(["true"])
     dead = f"{gone.pid}:{podman.process_start(gone.pid)}"
@@ -185,23 +188,23 @@ def test_the_first_container_of_a_process_removes_those_whose_harness_is_dead():
     me = podman.owner()
     reused = f"{os.getpid()}:{int(me.split(':')[1]) + 1}"  # this PID, another process's start time
     owners = {"dead": dead, "reused": reused, "live": me, "unlabelled": ""}
-    names = {}
-    for what, label in owners.items():
-        names[what] = f"obsspec-sweep-{what}-{os.getpid()}"
-        labels = ["--label", f"{podman.OWNER_LABEL}={label}"] if label else []
-        started = podman.podman("run", "-d", "--name", names[what], "--label", f"{podman.LABEL}=1", *labels,
-                                "--pull=never", images.BASE_IMAGE, "sleep", "600")
-        assert started.returncode == 0, started.stdout
+    names = {what: f"obsspec-sweep-{what}-{os.getpid()}" for what in owners}
     try:
-        podman._swept = False  # as in a fresh process: its first sandbox sweeps
-
-        async def episode_owner():
-            async with Sandbox(CFG) as sb:
-                await sb.start()
-                label = f'{{{{index .Config.Labels "{podman.OWNER_LABEL}"}}}}'
-                return podman.podman("inspect", "--format", label, sb.container).stdout.strip()
-
-        assert asyncio.run(episode_owner()) == me, "an episode container does not name its harness"
+        for what, label in owners.items():
+            labels = ["--label", f"{podman.OWNER_LABEL}={label}"] if label else []
+            started = podman.podman("run", "-d", "--name", names[what], "--label", f"{podman.LABEL}=1", *labels,
+                                    "--pull=never", images.BASE_IMAGE, "sleep", "600")
+            assert started.returncode == 0, started.stdout
+        # a fresh harness process: its first sandbox sweeps
+        episode = ("import asyncio\nfrom obsspec.env.sandbox import Sandbox, SandboxConfig\n"
+                   "async def main():\n    async with Sandbox(SandboxConfig(backend='podman')) as sb:\n"
+                   "        await sb.start()\n        print((await sb.run('echo hi')).output.decode(), end='')\n"
+                   "asyncio.run(main())\n")
+        root = str(Path(__file__).parent.parent)
+        harness = subprocess.run([sys.executable, "-c", episode], capture_output=True, text=True, timeout=120,
+                                 env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])})
+        assert harness.stdout == "hi\n", harness.stderr[-2000:]
+        assert "removed 2 episode container(s) left by a harness that is gone" in harness.stderr, harness.stderr
         left = set(podman.leftover_containers())
         assert names["dead"] not in left, "a container whose harness died was left behind"
         assert names["reused"] not in left, "a container was kept because its owner's PID was reused"
@@ -209,6 +212,14 @@ def test_the_first_container_of_a_process_removes_those_whose_harness_is_dead():
         assert podman.remove_orphans() == [], "a second sweep found more to remove"
     finally:
         podman.podman("rm", "-f", "-t", "0", "--ignore", *names.values())
+
+    async def episode_owner():
+        async with Sandbox(CFG) as sb:
+            await sb.start()
+            label = f'{{{{index .Config.Labels "{podman.OWNER_LABEL}"}}}}'
+            return podman.podman("inspect", "--format", label, sb.container).stdout.strip()
+
+    assert asyncio.run(episode_owner()) == me, "an episode container does not name its harness"
 
 
 def test_every_builtin_family_validates_in_a_container(tmp_path):

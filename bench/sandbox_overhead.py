@@ -1,6 +1,7 @@
 """Sandbox overhead: what a command costs in an obsspec sandbox against plain subprocess.
 
     .venv/bin/python bench/sandbox_overhead.py [--n 200] [--plot out.png] [--out result.json]
+    .venv/bin/python bench/sandbox_overhead.py --compare-podman [--n 50]   # podman vs bwrap
 
 Prints JSON with medians (ms) for running `true`:
 - `subprocess_bash`:  `bash -c true` with subprocess, no sandbox (the baseline, same run)
@@ -31,8 +32,13 @@ def median_ms(samples: list[float]) -> float:
     return round(1000 * statistics.median(samples), 3)
 
 
-async def measure(n: int, deterministic: bool) -> dict:
-    cfg = SandboxConfig(deterministic=deterministic)
+def quartiles_ms(samples: list[float]) -> list[float]:
+    q = statistics.quantiles(samples, n=4)
+    return [round(1000 * q[0], 3), round(1000 * q[2], 3)]
+
+
+async def measure(n: int, deterministic: bool, backend: str = "bwrap") -> dict:
+    cfg = SandboxConfig(deterministic=deterministic, backend=backend)
     plain = []
     for _ in range(n):
         t = time.perf_counter()
@@ -68,7 +74,16 @@ async def measure(n: int, deterministic: bool) -> dict:
     }
     result["episode_command_ratio"] = round(result["episode_command_ms"] / base, 2)
     result["fresh_sandbox_ratio"] = round(result["fresh_sandbox_ms"] / base, 2)
+    result["episode_command_iqr_ms"] = quartiles_ms(in_episode)
+    result["fresh_sandbox_iqr_ms"] = quartiles_ms(fresh)
     return result
+
+
+def compare_podman(n: int) -> dict:
+    """Per-command and per-episode cost of a podman container against bubblewrap (same run)."""
+    got = {b: asyncio.run(measure(n, True, b)) for b in ("bwrap", "podman")}
+    keys = ("episode_command_ms", "fresh_sandbox_ms", "episode_setup_ms", "episode_verify_ms")
+    return {**got, "podman_over_bwrap": {k: round(got["podman"][k] / got["bwrap"][k], 2) for k in keys}}
 
 
 def main() -> None:
@@ -76,7 +91,11 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200, help="commands per measurement")
     ap.add_argument("--plot", default="", help="write a bar chart to this PNG")
     ap.add_argument("--out", default="", help="also write the JSON to this file")
+    ap.add_argument("--compare-podman", action="store_true", help="podman vs bwrap (deterministic)")
     args = ap.parse_args()
+    if args.compare_podman:
+        print(json.dumps({**stamp(), **compare_podman(args.n)}, indent=2))
+        return
     out = {
         **stamp(),
         "deterministic": asyncio.run(measure(args.n, True)),

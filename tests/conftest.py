@@ -44,6 +44,12 @@ SLOW_TESTS = {
     "test_worldmodel.py::test_train_worldmodel_trains_publishes_and_evaluates",
     "test_worldmodel.py::test_train_adapter_learns_saves_and_leaves_the_base_as_it_was",
     "test_kit.py::test_a_training_step_changes_every_parameter",
+    "test_podman.py::test_harbor_image_tasks_pass_with_their_solution_and_fail_without",
+    "test_podman.py::test_the_episode_contract_holds_in_a_container",
+    "test_podman.py::test_memory_pids_and_cpu_are_the_containers_limits",
+    "test_podman.py::test_the_first_container_of_a_process_removes_those_whose_harness_is_dead",
+    "test_podman.py::test_every_builtin_family_validates_in_a_container",
+    "test_podman.py::test_speculation_is_lossless_on_container_tasks",
 }
 
 
@@ -52,3 +58,60 @@ def pytest_collection_modifyitems(items):
         name = f"{item.path.name}::{item.originalname}"
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration"):
             item.add_marker(pytest.mark.slow)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sandbox backends: suites that hold for every backend take `sandbox_backend` (or patch their
+# module's config with `on_backend`); podman's base image is built once (about a minute, then
+# cached by podman across runs), and no episode container may be left behind by the session.
+
+
+def podman_missing() -> str:
+    """Why podman cannot run here ('' = it can). With OBSSPEC_REQUIRE_PODMAN=1 (`make test`) a
+    missing tool is an error: the container tier must not pass by being skipped."""
+    import os
+    import shutil
+
+    for tool in ("podman", "runc", "mmdebstrap"):
+        if shutil.which(tool) is None:
+            if os.environ.get("OBSSPEC_REQUIRE_PODMAN") == "1":
+                raise RuntimeError(f"OBSSPEC_REQUIRE_PODMAN=1 but {tool} is missing: run `make install-podman`")
+            return f"needs {tool} (make install-podman)"
+    return ""
+
+
+@pytest.fixture(scope="session")
+def podman_base():
+    if podman_missing():
+        pytest.skip(podman_missing())
+    from obsspec.env import images, podman
+
+    images.ensure_base()
+    yield images.BASE_IMAGE
+    left = podman.leftover_containers()
+    assert not left, f"episode containers left behind: {left}"
+
+
+@pytest.fixture(params=["bwrap", "podman"])
+def sandbox_backend(request):
+    import shutil
+
+    if request.param == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap (make install)")
+    if request.param == "podman":
+        request.getfixturevalue("podman_base")
+    return request.param
+
+
+def on_backend(module, monkeypatch, backend: str) -> None:
+    """Every SandboxConfig the test module makes (its CFG-like constants and its calls) uses
+    `backend`."""
+    import dataclasses
+    import functools
+
+    from obsspec.env.sandbox import SandboxConfig
+
+    for name, value in vars(module).items():
+        if isinstance(value, SandboxConfig):
+            monkeypatch.setattr(module, name, dataclasses.replace(value, backend=backend))
+    monkeypatch.setattr(module, "SandboxConfig", functools.partial(SandboxConfig, backend=backend))

@@ -6,18 +6,19 @@ Each case checks the scheduler's structured-concurrency invariants:
 - no asyncio task is left behind, the tool is closed (and no sandbox process survives);
 - the episode is classified right: only declared infrastructure failures become `infra_error`
   with reward None, an outer cancellation propagates, a bug of ours is raised with its traceback.
-Fake tools and engines keep this fast; the sandbox cases use the real sandbox.
+Fake tools and engines keep this fast; the sandbox cases use the real sandbox, on every backend.
 """
 
 import asyncio
+import dataclasses
 import os
-import shutil
 
 import pytest
 
 from fakes import ByteTokenizer, PlainEngine, ScriptedPolicy
 from obsspec import chat
 from obsspec.engines.base import EngineClosedError, Generation, PromptTooLong
+from obsspec.env import podman
 from obsspec.env.sandbox import SandboxConfig, SandboxError
 from obsspec.env.task import Task
 from obsspec.rollout.events import EventBus
@@ -363,15 +364,18 @@ def test_the_tool_calls_timeout_reaches_the_tool():
 
 
 # ---------------------------------------------------------------------------------------------
-# the real sandbox
+# the real sandbox, on every backend (tests/conftest.py: bubblewrap, and podman where installed)
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 SANDBOX = SandboxConfig(timeout_s=2, memory_mb=1024, max_procs=64)
 
 
-@needs_bwrap
-def test_timeout_parameter_is_clamped_and_shown():
-    tool = SandboxTool(TASK, 0, SANDBOX, EmulatedLatency())
+@pytest.fixture
+def sandbox_cfg(sandbox_backend):
+    return dataclasses.replace(SANDBOX, backend=sandbox_backend)
+
+
+def test_timeout_parameter_is_clamped_and_shown(sandbox_cfg):
+    tool = SandboxTool(TASK, 0, sandbox_cfg, EmulatedLatency())
 
     async def go():
         await tool.start()
@@ -385,21 +389,27 @@ def test_timeout_parameter_is_clamped_and_shown():
     assert clamped.body == f"{chat.timeout_message(2)}\n(exit_code=-1)", "timeout not clamped to the recipe's"
 
 
-def _episode_processes(host_pid):
-    return host_pid and os.path.exists(f"/proc/{host_pid}")
+def _episode_left(host_pid, container):
+    """What of an episode still exists: its PID 1 on the host, and (podman) its container."""
+    left = []
+    if host_pid and os.path.exists(f"/proc/{host_pid}"):
+        left.append(f"process {host_pid}")
+    if container and podman.podman("container", "exists", container, timeout=60).returncode == 0:
+        left.append(f"container {container}")
+    return left
 
 
-@needs_bwrap
-def test_sandbox_killed_mid_episode_is_an_infra_error_with_nothing_left():
+def test_sandbox_killed_mid_episode_is_an_infra_error_with_nothing_left(sandbox_cfg):
     sched, events = scheduler(Predictor(delay=0.05))
-    tool = SandboxTool(TASK, 0, SANDBOX, EmulatedLatency())
+    tool = SandboxTool(TASK, 0, sandbox_cfg, EmulatedLatency())
     original = tool.run
-    pids = []
+    seen = []
 
     async def run_and_kill(command, turn, timeout=None):
         if turn == 1:
-            pids.append(tool.sandbox._supervisor_pid)
-            asyncio.get_running_loop().call_later(0.05, os.kill, pids[0], 9)
+            seen.append((tool.sandbox._supervisor_pid, tool.sandbox.container))
+            assert seen[0][0], "the sandbox's PID 1 is not known"
+            asyncio.get_running_loop().call_later(0.05, os.kill, seen[0][0], 9)
             return await original("sleep 1", turn, timeout)
         return await original(command, turn, timeout)
 
@@ -412,31 +422,33 @@ def test_sandbox_killed_mid_episode_is_an_infra_error_with_nothing_left():
 
     traj = asyncio.run(go())
     assert traj.reward is None and traj.infra_error.startswith("SandboxError"), traj.infra_error
-    assert not _episode_processes(pids[0]), "the killed sandbox left processes"
+    assert not _episode_left(*seen[0]), f"the killed sandbox left {_episode_left(*seen[0])}"
     events.check_accounting()
 
 
-@needs_bwrap
-def test_cancelling_mid_command_kills_the_sandbox():
+def test_cancelling_mid_command_kills_the_sandbox(sandbox_cfg):
     sched, events = scheduler(Predictor(delay=0.05))
-    tool = SandboxTool(TASK, 0, SANDBOX, EmulatedLatency())
-    pids = []
+    tool = SandboxTool(TASK, 0, sandbox_cfg, EmulatedLatency())
+    seen = []
     original = tool.run
 
     async def slow(command, turn, timeout=None):
-        pids.append(tool.sandbox._supervisor_pid)
+        seen.append((tool.sandbox._supervisor_pid, tool.sandbox.container))
         return await original("sleep 30", turn, timeout)
 
     tool.run = slow
 
     async def go():
         episode = asyncio.ensure_future(sched.run_episode(TASK, 0, tool, speculative=True))
-        await asyncio.sleep(0.5)
+        while not seen and not episode.done():  # (a container takes longer to start than bwrap)
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
         episode.cancel()
         with pytest.raises(asyncio.CancelledError):
             await episode
         no_tasks_left()
 
     asyncio.run(go())
-    assert pids and not _episode_processes(pids[0]), "a cancelled episode left its sandbox running"
+    assert seen, "the episode never ran a command before it was cancelled"
+    assert not _episode_left(*seen[0]), f"a cancelled episode left {_episode_left(*seen[0])} running"
     events.check_accounting()

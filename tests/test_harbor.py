@@ -95,8 +95,7 @@ def test_single_task_folder_form():
 EXPECTED_SKIPS = {
     "binary-test-file": "tests/archive.zip is a binary file",
     "broken-toml": "invalid task.toml: Invalid value (at line 3, column 14)",
-    "dockerfile-only": "needs Docker (environment/Dockerfile only; add environment/setup.sh "
-                       "to run it without Docker)",
+    "dockerfile-only": "environment/Dockerfile: base image ubuntu:24.04 is not available offline",
     "empty-instruction": "instruction.md is empty",
     "missing-task-toml": "missing task.toml",
     "missing-test-sh": "missing tests/test.sh",
@@ -122,9 +121,12 @@ def test_a_bad_single_task_folder_is_skipped_not_raised():
 
 @pytest.mark.parametrize("files, reason", [
     ({"environment__big.bin": "x" * (6 << 20)}, "files too large (6.0 MB > 5 MB total)"),
-    ({"task.toml": "[environment]\ndocker_image = 'org/img:1'\n"}, "needs Docker (image"),
+    ({"task.toml": "[environment]\ndocker_image = 'org/img:1'\n"},
+     "task.toml: environment.docker_image: base image org/img:1 is not available offline"),
     ({"environment__docker-compose.yaml": "services: {}\n"},
-     "needs Docker (environment/docker-compose.yaml only"),
+     "needs docker-compose (environment/docker-compose.yaml: several services"),
+    ({"task.toml": "[environment]\ndocker_image = 'debian:12'\nmemory = 'lots'\n"},
+     "task.toml: environment.memory must be a size"),
     ({"environment__setup.sh": ":", "environment__Dockerfile": "FROM x\nWORKDIR $HOME\n"},
      "environment/Dockerfile: WORKDIR $HOME uses a variable"),
     ({"environment__setup.sh": ":", "environment__Dockerfile": "FROM x\nWORKDIR /usr/src/app\n"},

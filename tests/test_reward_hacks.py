@@ -20,12 +20,24 @@ from obsspec.env.task import Task
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
 
 CFG = SandboxConfig(timeout_s=3, memory_mb=1024, max_procs=64)
+
+
+@pytest.fixture(autouse=True)
+def _every_backend(sandbox_backend, monkeypatch):
+    """Each hack is tried in the bubblewrap sandbox and in a podman container."""
+    import sys
+
+    from conftest import on_backend
+
+    on_backend(sys.modules[__name__], monkeypatch, sandbox_backend)
+
+
 HARBOR = Path(__file__).parent.parent / "tasks" / "harbor-examples"
 EXIT0 = "printf 'import os\\nos._exit(0)\\n' > {}"
 
 
-def reward(task, commands, config=CFG):
-    record = asyncio.run(run_scripted(task, commands, config))
+def reward(task, commands, config=None):
+    record = asyncio.run(run_scripted(task, commands, config or CFG))  # (CFG: the backend's)
     assert record.infra_error == "", f"a hack turned a failure into an infra error: {record.infra_error}"
     return record.reward
 
@@ -139,7 +151,7 @@ def test_a_planted_reward_in_a_locked_directory_does_not_count(lock):
 
 
 @pytest.mark.parametrize("lock", LOCKS[1:])
-def test_locked_directories_do_not_keep_links_or_root_files_for_the_verifier(lock):
+def test_locked_directories_do_not_keep_links_or_root_files_for_the_verifier(lock, sandbox_backend):
     hello = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-hello-file"]
     link = "ln -sf /tests/expected_hello.txt /app/hello.txt"
     assert reward(hello, [f"{link}; {lock.format(d='/app')}"]) == 0.0, "a link in a locked workdir survived"
@@ -148,8 +160,9 @@ def test_locked_directories_do_not_keep_links_or_root_files_for_the_verifier(loc
         == 0.0, "a link in a locked subdirectory survived"
     # locking /run or / after solving spoils nothing, except making them unsearchable: the modes
     # the agent set are put back, so no program (/) or no verifier script (/run) can be reached,
-    # and the locked sandbox scores 0 (before, a locked / was an infra error: excluded at will)
-    expected = 0.0 if lock == "chmod 000 {d}" else 1.0
+    # and the locked sandbox scores 0 (before, a locked / was an infra error: excluded at will).
+    # A container's / and /run are root's and read-only: the agent can neither lock nor add to them.
+    expected = 0.0 if lock == "chmod 000 {d}" and sandbox_backend == "bwrap" else 1.0
     assert reward(hello, [*hello.solution, f"echo x > /conftest.py; mkdir -p /run/x; {lock.format(d='/run')}; "
                                            f"{lock.format(d='/')}"]) == expected
     assert reward(hello, [*hello.solution, lock.format(d="/run")]) == expected
@@ -265,7 +278,7 @@ def test_the_agent_cannot_deprioritise_pid1():
     run in a session of their own."""
     out = asyncio.run(_run_all(["chrt -i -p 0 1; renice -n 19 -p 1; taskset -pc 0 1; "
                                 "echo 19 > /proc/self/autogroup; cat /proc/1/autogroup",
-                                "nice -n 5 echo nice && taskset -c 0 echo pinned"]))
+                                "nice -n 5 echo nice && taskset -c \"$(taskset -pc $$ | sed 's/.*: //')\" echo pinned"]))
     text = out[0].output.decode()
     assert text.count("Operation not permitted") == 3, text
     assert text.rstrip().endswith("nice 0"), f"PID 1's autogroup was reniced: {text}"
@@ -329,12 +342,14 @@ def test_the_supervisor_cannot_be_stopped_or_read():
     assert after.output == b"alive\n"
 
 
-def test_writes_are_bounded_in_aggregate():
+def test_writes_are_bounded_in_aggregate(sandbox_backend):
     cfg = SandboxConfig(timeout_s=5, memory_mb=1024, max_procs=64, workspace_mb=8, tmp_mb=4, home_mb=4)
     fill = ("for i in 1 2 3 4 5 6; do head -c 3000000 /dev/zero > f$i 2>/dev/null; done; du -sm . | cut -f1; "
             "head -c 9000000 /dev/zero > ~/h 2>/dev/null; du -sm ~ | cut -f1; "
             "head -c 9000000 /dev/zero > /x 2>/dev/null; head -c 9000000 /dev/zero > /run/obsspec-state/x 2>/dev/null; "
             "{ head -c 9000000 /dev/zero > /dev/x; } 2>/dev/null; df -m / /run/obsspec-state | awk 'NR>1{print $3}'")
+    if sandbox_backend == "podman":  # a container's / is read-only: nothing of the agent's there
+        fill = fill.replace("> /x 2>/dev/null", "2>/dev/null > /x").replace("df -m / ", "ls /x 2>/dev/null | wc -l; df -m ")
 
     async def go():
         async with Sandbox(cfg) as sb:

@@ -60,11 +60,15 @@ def harbor(name: str) -> Task:
 
 
 @pytest.mark.parametrize("where", ["/run/obsspec-state", "/tests", "/logs", "/dev/shm"])
-def test_a_pinned_full_tmpfs_is_tampering_not_an_empty_verifier(where):
+def test_a_pinned_full_tmpfs_is_tampering_not_an_empty_verifier(where, sandbox_backend, monkeypatch):
     """Reproduced: with the state dir pinned full, PID 1's write of the verifier script failed
     unchecked, an empty test.sh exited 0: reward 1 on every built-in family and on Harbor tasks,
     20 of 20. The same pin in /tests made an infra error the agent chose. The verifier now
-    reaches bash on a pipe, and an emptied tmpfs that still counts blocks scores 0."""
+    reaches bash on a pipe, and an emptied tmpfs that still counts blocks scores 0. (On both
+    backends: a podman container's tmpfs mounts are pinned the same way.)"""
+    from conftest import on_backend
+
+    on_backend(sys.modules[__name__], monkeypatch, sandbox_backend)
     assert pinned_reward(task_by_id("dir-stats-00001"), [], where) == 0.0, f"a pinned {where} won the reward"
     assert pinned_reward(harbor("harbor-hello-file"), [], where) == 0.0, f"a pinned {where} won a Harbor reward"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from obsspec import chat
+from obsspec.env import podman
 from obsspec.env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError, SandboxUnavailable
 from obsspec.env.task import Task
 
@@ -49,8 +50,18 @@ def observation(result: ExecResult, config: SandboxConfig) -> str:
     )
 
 
+def task_environment(task: Task) -> podman.Environment | None:
+    """The container a task asks for (None: the recipe's backend, with its base image)."""
+    if not task.needs_image:
+        return None
+    r = task.resources
+    return podman.Environment(files=task.image_files, image=task.image, cpus=float(r.get("cpus", 0)),
+                              memory_mb=int(r.get("memory_mb", 0)), storage_mb=int(r.get("storage_mb", 0)),
+                              internet=bool(r.get("internet", False)))
+
+
 async def start_sandbox(task: Task, config: SandboxConfig) -> Sandbox:
-    sandbox = Sandbox(config, workdir=task.workdir)
+    sandbox = Sandbox(config, workdir=task.workdir, environment=task_environment(task))
     try:
         await sandbox.start(files=task.files, setup=task.setup)
     except BaseException:

@@ -1,4 +1,4 @@
-"""Import Harbor (Terminal-Bench 2) task folders as obsspec `Task`s, without Docker.
+"""Import Harbor (Terminal-Bench 2) task folders as obsspec `Task`s.
 
     report = import_harbor("datasets/my-bench")   # a folder of task folders, or one task folder
     for name, why in report.skipped:
@@ -13,6 +13,10 @@ How a Harbor task folder maps onto a `Task`:
       environment/setup.sh     ->     setup=<setup.sh>  (cwd = workdir, before the agent starts),
       environment/data.txt     ->     files={"data.txt": ...}  (same path in the workspace),
       environment/Dockerfile   ->     workdir=<its last WORKDIR, else "/app">,
+        (without setup.sh)     ->     image_files=<every file of environment/: the build context>,
+      [environment] docker_image ->   image=<it>  (without Dockerfile and setup.sh),
+      [environment] cpus, memory(_mb), storage(_mb), allow_internet
+                               ->     resources={"cpus", "memory_mb", "storage_mb", "internet"},
       solution/solve.sh        ->     solution=[<solve.sh>]  (one multi-line command; [] if none),
       tests/test.sh, tests/*   ->     verify="cd <workdir> && bash /tests/test.sh; ...",
                                       verify_files={"test.sh": ..., "expected_total": ...},
@@ -20,11 +24,18 @@ How a Harbor task folder maps onto a `Task`:
                                       source="harbor:/abs/path/count-words")
 
 Decisions:
-- There is no Docker here. `environment/setup.sh` (our extension) stands in for the image: when it
-  exists the Dockerfile is read only for WORKDIR, and its RUN/COPY lines are NOT executed, so
-  setup.sh must do their work. Other files of environment/ are copied into the workspace at the
-  same relative path, whatever the Dockerfile's COPY said. A task that needs an image (Dockerfile,
-  docker-compose or `[environment] docker_image`) and has no setup.sh is skipped.
+- A task with an image (environment/Dockerfile, or `[environment] docker_image`) runs in a
+  Podman container of it (obsspec/env/images.py): environment/ is the build context, not
+  workspace files. The image is built when an episode first needs it; a base image that cannot
+  be had offline (only Debian 12 is built locally; no registry) skips the task here, naming it.
+  docker-compose (several services) is skipped.
+- `environment/setup.sh` (our extension) stands in for the image where it exists: the task then
+  runs in the recipe's sandbox, the Dockerfile is read only for WORKDIR, and its RUN/COPY lines
+  are NOT executed, so setup.sh must do their work. Other files of environment/ are copied into
+  the workspace at the same relative path, whatever the Dockerfile's COPY said.
+- Image tasks get `[environment]` cpus, memory and storage as their container's limits
+  (storage: the workspace tmpfs), and a network only with `allow_internet = true` (the whole
+  episode, verifier included; obsspec's default is no network, unlike Harbor's).
 - Rewards: the sandbox reads /logs/verifier/reward.txt; a verifier that writes reward.json instead
   (`{"reward": x}`) has it converted by the verify script. `[verifier] env` is exported for
   test.sh and `[solution] env` at the top of the solution command.
@@ -35,7 +46,7 @@ Decisions:
   runs `/tests/helper.sh` directly, or an instruction that says `./run.sh`, works as in Docker.
 - `[verifier] timeout_sec` is the verifier's time limit (`Task.verify_timeout_s`, at most a day
   in the suite, and at run time at most the recipe's `sandbox.max_verify_s`). Other
-  settings (agent timeout, cpus, memory, internet, build timeout) are ignored.
+  settings (agent timeout, build timeout, gpus) are ignored.
 - A malformed task folder never raises: it becomes a `skipped` entry with a one-line reason.
   `HarborImportError` means the path itself is wrong (missing, or holds no task folder at all).
 """
@@ -51,6 +62,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from obsspec.env import images
 from obsspec.env.task import Task, check_workdir
 
 MAX_TASK_BYTES = 5 * 1024 * 1024
@@ -146,13 +158,14 @@ def _import_task(folder: Path) -> Task:
         raise _Skip(f"task.toml: verifier.timeout_sec must be a positive number, not {timeout!r}")
     if timeout is not None:  # (`inf` or 1e308: the recipe's sandbox.max_verify_s bounds it at run time)
         timeout = min(float(timeout), MAX_VERIFY_TIMEOUT_S)
-    files, setup, workdir = _environment(folder, _table(config, "environment"))
+    files, setup, workdir, image = _environment(folder, _table(config, "environment"))
     return Task(
         task_id=f"harbor-{slug}", family=f"harbor:{_slug(category) or 'uncategorised'}",
         instruction=instruction, solution=_solution(folder, _env(config, "solution")),
         verify=_verify_script(workdir, _env(config, "verifier"), _executable(folder, "tests")),
         verify_files=_tree(folder, "tests"), files=files, setup=setup, workdir=workdir,
         source=f"harbor:{folder}", verify_timeout_s=0.0 if timeout is None else timeout,
+        **image,
     )
 
 
@@ -160,20 +173,22 @@ def _import_task(folder: Path) -> Task:
 # The parts of a task
 
 
-def _environment(folder: Path, config: dict) -> tuple[dict[str, str], str, str]:
-    """(files, setup, workdir) from environment/; skips tasks that only Docker could build."""
+def _environment(folder: Path, config: dict) -> tuple[dict[str, str], str, str, dict]:
+    """(files, setup, workdir, image fields of the Task) from environment/ and [environment]."""
     env = folder / "environment"
     docker = [name for name in DOCKER_FILES if (env / name).is_file()]
     if not (env / "setup.sh").is_file():
-        if docker:
-            listed = " and ".join(f"environment/{name}" for name in docker)
-            raise _Skip(f"needs Docker ({listed} only; add environment/setup.sh to run it "
-                        f"without Docker)")
-        if config.get("docker_image"):
-            raise _Skip(f"needs Docker (image {config['docker_image']!r} in task.toml; add "
-                        f"environment/setup.sh to run it without Docker)")
+        compose = [name for name in docker if name != "Dockerfile"]
+        if compose:
+            raise _Skip(f"needs docker-compose (environment/{compose[0]}: several services are "
+                        f"not supported)")
+        image = config.get("docker_image") or ""
+        if not isinstance(image, str):
+            raise _Skip("task.toml: environment.docker_image must be a string")
+        if docker or image:
+            return _image_task(folder, config, image)
     if not env.is_dir():
-        return {}, "", DEFAULT_WORKDIR
+        return {}, "", DEFAULT_WORKDIR, {}
     setup = _text(folder, "environment/setup.sh") if (env / "setup.sh").is_file() else ""
     workdir = DEFAULT_WORKDIR
     if "Dockerfile" in docker:
@@ -181,7 +196,58 @@ def _environment(folder: Path, config: dict) -> tuple[dict[str, str], str, str]:
     files = _tree(folder, "environment", exclude=NOT_COPIED)
     # setup runs in the workspace, where these files are, before anything of setup.sh
     executable = [rel for rel in _executable(folder, "environment") if rel in files]
-    return files, _chmod(executable) + setup, workdir
+    return files, _chmod(executable) + setup, workdir, {}
+
+
+def _image_task(folder: Path, config: dict, image: str) -> tuple[dict[str, str], str, str, dict]:
+    """A task that runs in a container of its own image: environment/ is the build context."""
+    resources = _resources(config)
+    if (folder / "environment/Dockerfile").is_file():
+        dockerfile = _text(folder, "environment/Dockerfile")
+        problem = images.offline_problem(dockerfile)
+        if problem:
+            raise _Skip(f"environment/Dockerfile: {problem}")
+        context = _tree(folder, "environment")
+        executable = _executable(folder, "environment")
+        if executable:  # (COPY keeps modes: tasks hold text, so the modes travel by name)
+            context[images.EXECUTABLES] = "".join(f"{rel}\n" for rel in executable)
+        return {}, "", _dockerfile_workdir(dockerfile), {"image_files": context, "resources": resources}
+    problem = images.offline_problem(f"FROM {image}\n")
+    if problem:
+        raise _Skip(f"task.toml: environment.docker_image: {problem}")
+    return {}, "", DEFAULT_WORKDIR, {"image": image, "resources": resources}
+
+
+def _resources(config: dict) -> dict:
+    """[environment] cpus, memory(_mb), storage(_mb) and allow_internet as Task.resources."""
+    out: dict = {}
+    cpus = config.get("cpus")
+    if cpus is not None:
+        if not (type(cpus) in (int, float) and 0 < cpus <= 1024):
+            raise _Skip(f"task.toml: environment.cpus must be a positive number, not {cpus!r}")
+        out["cpus"] = cpus
+    for key in ("memory", "storage"):
+        value = config.get(f"{key}_mb", config.get(key))
+        if value is not None:
+            out[f"{key}_mb"] = _megabytes(value, key)
+    internet = config.get("allow_internet", False)
+    if not isinstance(internet, bool):
+        raise _Skip(f"task.toml: environment.allow_internet must be true or false, not {internet!r}")
+    if internet:
+        out["internet"] = True
+    return out
+
+
+def _megabytes(value, key: str) -> int:
+    """MiB from a number (MiB) or a size such as '2G', '512M', '1.5g'."""
+    if type(value) in (int, float) and value > 0:
+        return max(1, int(value))
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*", str(value), re.I)
+    if not m or float(m.group(1)) <= 0:
+        raise _Skip(f"task.toml: environment.{key} must be a size such as '2G' or a number of MiB, "
+                    f"not {value!r}")
+    scale = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2).lower()]
+    return max(1, int(float(m.group(1)) * scale))
 
 
 def _dockerfile_workdir(text: str) -> str:

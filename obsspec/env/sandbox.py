@@ -43,7 +43,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from obsspec.env import bwrap
+from obsspec.env import bwrap, images, podman
 from obsspec.fields import doc
 from obsspec.chat import capture_bytes_for
 from obsspec.env.task import check_workdir
@@ -78,6 +78,10 @@ class SandboxConfig:
 
     isolation: str = doc("bwrap", "'bwrap' (default) or 'none': run commands UNSANDBOXED on "
                                    "this host (explicit opt-in only; warns).")
+    backend: str = doc("bwrap", "What isolates tasks that name no image: 'bwrap' (bubblewrap, "
+                                 "the host's /usr) or 'podman' (a container of the local Debian 12 "
+                                 "base image). Tasks with an image (a Harbor Dockerfile) always "
+                                 "run in podman.")
     timeout_s: float = doc(30.0, "Per-command timeout, seconds (the upper bound of the tool "
                                   "call's `timeout`); the command and everything it started are "
                                   "killed, the shell state survives.")
@@ -106,6 +110,11 @@ class SandboxConfig:
     def __post_init__(self) -> None:
         if self.isolation not in ("bwrap", "none"):
             raise ValueError(f"sandbox.isolation must be 'bwrap' or 'none', not {self.isolation!r}")
+        if self.backend not in ("bwrap", "podman"):
+            raise ValueError(f"sandbox.backend must be 'bwrap' or 'podman', not {self.backend!r}")
+        if self.backend == "podman" and self.isolation == "none":
+            raise ValueError("sandbox.backend=podman runs containers: it cannot go with "
+                             "sandbox.isolation=none (set one or the other)")
         for name in ("timeout_s", "max_verify_s", "output_cap", "memory_mb", "max_procs", "max_file_mb",
                      "workspace_mb", "tmp_mb", "home_mb"):
             value = getattr(self, name)
@@ -152,7 +161,8 @@ async def preflight(config: SandboxConfig) -> None:
     except SandboxUnavailable:
         raise
     except SandboxError as e:
-        raise SandboxUnavailable(f"cannot start a bubblewrap sandbox here: {e}") from None
+        what = "a podman container" if config.backend == "podman" else "a bubblewrap sandbox"
+        raise SandboxUnavailable(f"cannot start {what} here: {e}") from None
     finally:
         await sandbox.close()
 
@@ -174,10 +184,14 @@ def check_bwrap() -> str:
 class Sandbox:
     """One episode's sandbox. Use `start()` once, `run()` per command, `close()` at the end."""
 
-    def __init__(self, config: SandboxConfig, workdir: str = "/app"):
+    def __init__(self, config: SandboxConfig, workdir: str = "/app",
+                 environment: podman.Environment | None = None):
+        """`environment`: the task's container image and resources (it then runs in podman)."""
         check_workdir(workdir)
         self.config = config
         self.workdir = workdir
+        self.environment = environment
+        self.container = ""  # podman only: the episode's container name
         self.turn = 0
         self.host_root = ""  # isolation=none only: host dir holding workspace/, tests/, logs/
         self._proc: asyncio.subprocess.Process | None = None
@@ -196,7 +210,13 @@ class Sandbox:
         archive = bwrap.tar_files(files or {}, cfg.clock_start)  # checks paths before anything starts
         env = bwrap.env(cfg, self.workdir)
         fds: list[int] = []
-        if cfg.isolation == "bwrap":
+        in_podman = self.environment is not None or cfg.backend == "podman"
+        if in_podman and cfg.isolation == "none":
+            raise ValueError("this task needs a container image: it cannot run with sandbox.isolation=none")
+        if in_podman:
+            argv = await asyncio.to_thread(self._podman_argv, env)
+            cwd, env = "/", podman.env()  # (the supervisor's environment is in argv)
+        elif cfg.isolation == "bwrap":
             path = check_bwrap()
             if os.geteuid() == 0:
                 try:
@@ -233,11 +253,30 @@ class Sandbox:
         untar = await self._request("untar", archive, "workspace", cfg.timeout_s * 4)
         if untar.exit_code != 0:
             raise SandboxError(f"could not write the task files: {_tail(untar)}")
-        if cfg.isolation == "bwrap":
+        if self.container:
+            self._supervisor_pid = await asyncio.to_thread(podman.host_pid, self.container)
+        elif cfg.isolation == "bwrap":
             self._supervisor_pid = _find_supervisor(self._proc.pid)
         setup_result = await self._request("raw", _encode(setup or ":"), cfg.clock_start, cfg.timeout_s * 4)
         if setup_result.exit_code != 0:
             raise SandboxError(f"task setup failed (exit {setup_result.exit_code}): {_tail(setup_result)}")
+
+    def _podman_argv(self, env: dict[str, str]) -> list[str]:
+        """The `podman run` command line (building the image first if it is missing)."""
+        cfg, environment = self.config, self.environment or podman.Environment()
+        try:
+            podman.sweep_once()  # containers an earlier, crashed harness left
+            image = images.ensure_image(environment, self.workdir, bwrap.etc_files(cfg.hostname))
+        except podman.PodmanMissing as e:
+            raise SandboxUnavailable(str(e)) from None
+        memory_mb = environment.memory_mb or cfg.memory_mb
+        # Process limits are the container's pids cgroup: every container runs as the same host
+        # uid, so a per-uid RLIMIT_NPROC would count the processes of every episode together.
+        env.update(OBSSPEC_MAX_PROCS=str(podman.nproc_limit()), OBSSPEC_MEMORY_KB=str(memory_mb * 1024),
+                   OBSSPEC_ROOT="readonly")
+        self.container = podman.container_name()
+        return podman.argv(cfg, self.workdir, image, environment, self.container, env,
+                           bwrap.next_cpu() if cfg.deterministic else None, bwrap.script("supervisor.sh"))
 
     async def close(self) -> None:
         """Kill every process of the episode and free its files. Safe to call twice.
@@ -260,6 +299,10 @@ class Sandbox:
                 except ProcessLookupError:
                     pass
             await proc.wait()
+        if self.container:  # the podman client is gone; the container may not be (conmon keeps it)
+            name, self.container = self.container, ""
+            # (shielded: cancelled meanwhile, the removal still finishes in its thread)
+            await asyncio.shield(asyncio.to_thread(podman.remove, name))
         if self._uid is not None:  # nothing of the episode runs as it any more
             self._uid.release()
             self._uid = None
@@ -357,7 +400,7 @@ class Sandbox:
 
     async def _interrupt(self) -> None:
         """Ask the supervisor (PID 1 inside) to kill every other process of the episode."""
-        pid = self._supervisor_pid or _find_supervisor(self._proc.pid)
+        pid = self._supervisor_pid or (0 if self.container else _find_supervisor(self._proc.pid))
         self._supervisor_pid = pid
         if pid:
             try:

@@ -128,3 +128,24 @@ def sandbox_filter(machine: str | None = None) -> bytes:
     if any(j > 255 for _, jt, jf, _ in prog for j in (jt, jf)):
         raise AssertionError("a seccomp jump does not fit in 8 bits")
     return b"".join(_insn(*i) for i in prog)
+
+
+def oci_profile() -> dict:
+    """The same rules as an OCI seccomp profile (what `podman run --security-opt seccomp=FILE`
+    reads): every call allowed but these, denied with EPERM. Arguments are compared as 64-bit
+    values (the filter above reads their low words): a call on the caller itself with high bits
+    set in its pid is denied too, which only makes a call no program makes fail."""
+    rules = []
+    for name, rule in RULES.items():
+        deny = {"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
+        if rule[0] == "self":  # denied when any pair fails (libseccomp ORs a call's rules)
+            rules += [{**deny, "args": [{"index": arg, "value": value, "op": "SCMP_CMP_NE"}]}
+                      for arg, value in rule[1]]
+        elif rule[0] == "not":  # the command's low word, as the kernel reads it
+            rules += [{**deny, "args": [{"index": rule[1], "value": 0xFFFFFFFF, "valueTwo": value,
+                                         "op": "SCMP_CMP_MASKED_EQ"}]} for value in rule[2]]
+        else:
+            rules.append(deny)
+    return {"defaultAction": "SCMP_ACT_ALLOW",
+            "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64"],
+            "syscalls": rules}

@@ -13,6 +13,10 @@ Conventions every task follows:
   0.0 otherwise. Rewards are clipped to [0, 1]. It may run `verify_timeout_s` seconds (a Harbor
   task's `[verifier] timeout_sec`; 0 = the sandbox's default, 4 x its command timeout).
 - `solution` is the reference solution: a list of bash commands, one per agent turn.
+- `image_files` (optional) is a container build context holding a `Dockerfile` (a Harbor task's
+  environment/), or `image` names an image to use as it is: the task then runs in a Podman
+  container of that image (obsspec/env/podman.py, images.py), with `resources` (cpus, memory_mb,
+  storage_mb, internet) as its limits. Tasks without them run in the recipe's sandbox backend.
 - `kind` (optional) names the family's variant of the task (dir-stats: which number is asked);
   training interleaves kinds so every part of a run sees the same mix, and reports success per kind.
 """
@@ -63,16 +67,25 @@ class Task:
     source: str = "builtin"
     kind: str = ""
     verify_timeout_s: float = 0.0
+    image: str = ""
+    image_files: dict[str, str] = field(default_factory=dict)
+    resources: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.task_id, str) or not TASK_ID.fullmatch(self.task_id):
             raise ValueError(f"task id must be letters, digits and . _ : + - (not starting with one "
                              f"of those), not {self.task_id!r:.60}")
         check_workdir(self.workdir)
-        for path in (*self.files, *self.verify_files):
+        for path in (*self.files, *self.verify_files, *self.image_files):
             check_relative(path)
+        if self.image_files and "Dockerfile" not in self.image_files:
+            raise ValueError("a task's image_files must hold a Dockerfile (the build context's)")
+        for key, value in self.resources.items():
+            if key not in RESOURCES or not RESOURCES[key](value):
+                raise ValueError(f"task resources: {key}={value!r:.40} is not one of {', '.join(RESOURCES)} "
+                                 "(cpus, memory_mb, storage_mb: positive numbers; internet: true/false)")
         texts = [self.instruction, self.setup, self.verify, *self.solution,
-                 *self.files.values(), *self.verify_files.values()]
+                 *self.files.values(), *self.verify_files.values(), *self.image_files.values(), self.image]
         if any("\0" in t for t in texts):
             raise ValueError("task text cannot contain a NUL byte (no shell could read it)")
 
@@ -80,6 +93,9 @@ class Task:
         d = dataclasses.asdict(self)
         if not d["verify_timeout_s"]:  # absent when unset: the suites and hashes of tasks without it
             del d["verify_timeout_s"]  # stay byte for byte what they were
+        for name in ("image", "image_files", "resources"):  # the same for these
+            if not d[name]:
+                del d[name]
         return d
 
     @classmethod
@@ -107,6 +123,11 @@ class Task:
         return cls(**d)
 
     @property
+    def needs_image(self) -> bool:
+        """Does the task run in a container of its own image (not the recipe's backend)?"""
+        return bool(self.image or self.image_files)
+
+    @property
     def reward_file(self) -> bool:
         """Does the verifier report through /logs/verifier/reward.txt (Harbor's convention)?
         Built-in verifiers report by exit status only."""
@@ -118,19 +139,29 @@ class Task:
         return hashlib.sha256(blob).hexdigest()
 
 
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+RESOURCES = {"cpus": _positive, "memory_mb": _positive, "storage_mb": _positive,
+             "internet": lambda v: isinstance(v, bool)}
+
+
 def _is_str_map(v) -> bool:
     return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
 
 
 _TYPE_NAMES = {"solution": "a list of strings", "files": "an object of strings",
                "verify_files": "an object of strings", "max_turns": "a positive integer",
-               "verify_timeout_s": "a number of seconds >= 0"}
+               "verify_timeout_s": "a number of seconds >= 0", "image_files": "an object of strings",
+               "resources": "an object"}
 _TYPES = {name: lambda v: isinstance(v, str) for name in
           ("task_id", "family", "instruction", "verify", "setup", "workdir", "source", "kind")}
 _TYPE_NAMES.update({name: "a string" for name in _TYPES})
 _TYPES.update({
     "solution": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
-    "files": _is_str_map, "verify_files": _is_str_map,
+    "files": _is_str_map, "verify_files": _is_str_map, "image_files": _is_str_map,
+    "image": lambda v: isinstance(v, str), "resources": lambda v: isinstance(v, dict),
     "max_turns": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
     "verify_timeout_s": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
     and math.isfinite(v) and v >= 0,

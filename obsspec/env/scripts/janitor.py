@@ -28,7 +28,8 @@
 #   error at will). Its CPU need is bounded, so the harness can wait for it generously.
 #
 # Usage (stdin: the NUL-separated paths / held before the agent's first command):
-#   python3 -I -c "$OBSSPEC_JANITOR" sandboxed|host TESTS LOGS STATE WORKDIR HOME
+#   python3 -I -c "$OBSSPEC_JANITOR" sandboxed|container|host TESTS LOGS STATE WORKDIR HOME
+# (container: sandboxed in a podman container, whose / is read-only: nothing there to sweep)
 
 import errno
 import fcntl
@@ -109,7 +110,10 @@ def open_path(path: str) -> None:
     parts = path.strip("/").split("/")
     for i in range(len(parts) + 1):
         p = "/" + "/".join(parts[:i])
-        mode = opened(p, os.lstat(p))
+        st = os.lstat(p)
+        if st.st_uid != os.geteuid():  # (a container's read-only / and /run: not the agent's to lock)
+            continue
+        mode = opened(p, st)
         if mode is not None:
             reopened.append((p, mode))
 
@@ -247,7 +251,7 @@ def main(argv: list[str]) -> None:
     # signal-driven mode it left there must not reach our output (or PID 1's markers).
     flags = fcntl.fcntl(1, fcntl.F_GETFL)
     fcntl.fcntl(1, fcntl.F_SETFL, flags & ~(os.O_NONBLOCK | os.O_ASYNC))
-    sandboxed = where == "sandboxed"
+    sandboxed = where in ("sandboxed", "container")
     original = set(sys.stdin.buffer.read().decode("utf-8", "surrogateescape").split("\0")) - {""}
     emptied = [tests, logs, state] + (["/dev/shm"] if sandboxed else [])
     # (unsandboxed, /tmp and HOME are the host's: only the workspace is ours to look at)
@@ -260,7 +264,7 @@ def main(argv: list[str]) -> None:
         wipe(path)
     for root in link_roots:
         unlink_aliases(root, forbidden)
-    if sandboxed:
+    if where == "sandboxed":
         sweep_root(original)
     # Every mode we changed is put back (a verifier may check modes anywhere: a Harbor task can
     # ask for a read-only /tmp/shared), except the emptied places, which start over as the

@@ -71,7 +71,9 @@ __restamp() {
   # Unsandboxed (not PID 1), /tmp and HOME are the host's: only the workspace is ours to touch.
   local roots=("$OBSSPEC_WORKDIR")
   # Each of the sandbox's tmpfs mounts separately: -xdev keeps find on its start's filesystem.
-  [ $$ = 1 ] && roots+=(/tmp "$HOME" / /dev/shm "$logs" "$tests" "$state")
+  # A container's / is read-only (OBSSPEC_ROOT=readonly): nothing there to re-stamp.
+  [ $$ = 1 ] && roots+=(/tmp "$HOME" /dev/shm "$logs" "$tests" "$state")
+  [ $$ = 1 ] && [ "$OBSSPEC_ROOT" != readonly ] && roots+=(/)
   # Bounded: a tree the agent made deep and wide enough would otherwise keep us here past the
   # harness's patience (an infra error at will); what is not re-stamped in time keeps its time.
   # Access times too, which tar and every read stamp real (`ls -lu`, `stat`): of files only (our
@@ -83,7 +85,7 @@ __restamp() {
 # What / itself (a small tmpfs) held before the agent's first command: bwrap's mount points.
 # Kept here, in PID 1's memory, where the agent cannot add to it; the janitor gets it at reset.
 declare -A __root_entries=()
-if [ $$ = 1 ]; then
+if [ $$ = 1 ] && [ "$OBSSPEC_ROOT" != readonly ]; then
   while IFS= read -r -d '' __p; do __root_entries[$__p]=1; done < <(find / -xdev -mindepth 1 -print0 2>/dev/null)
 fi
 
@@ -123,6 +125,7 @@ while IFS=' ' read -r op nonce nbytes arg; do
         # can chmod without one): the agent locked the sandbox, and that scores 0.
         if [ ! -x / ]; then echo "/ is locked"; printf '\0%s %d\0' "$nonce" 4; continue; fi
         where=sandboxed
+        [ "$OBSSPEC_ROOT" = readonly ] && where=container  # (no / of the agent's to sweep)
       else
         where=host
       fi

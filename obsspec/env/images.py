@@ -1,0 +1,264 @@
+"""Podman images for episode containers: our Debian 12 base and one image per task, built offline.
+
+Built once and shared by every episode that needs them:
+- `obsspec-debian:bookworm`, the base: `mmdebstrap --variant=minbase --include=BASE_PACKAGES
+  bookworm` imported with `podman import` (there is no registry here; about a minute, once, and
+  again when BASE_PACKAGES changes: the image's label `obsspec.packages` records them).
+- `FROM debian:bookworm`, `debian:bookworm-slim` and `debian:12*` resolve to that base; any other
+  base must already be a local image (a task that names one that is not is refused, naming it).
+- per task, `obsspec-task:<hash of the build context, workdir and the IDs of the images it
+  builds on>` (a rebuilt base gets new task images, never stale ones): the task's Dockerfile plus
+  one layer of ours that checks that bash and python3 are there (the supervisor and its janitor
+  need them), copies bash to an execute-only file for PID 1 (the kernel makes a process whose
+  executable it cannot read non-dumpable: the agent cannot ptrace PID 1) and gives the workdir to
+  the agent's uid (the workdir is a tmpfs filled from the image: podman's tmpcopyup).
+
+Every podman command runs through obsspec/env/podman.py (its containers.conf); the containers
+themselves are made there too (`podman.argv`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+from obsspec.env.podman import (INSTALL_HINT, SUPERVISOR, Environment, PodmanMissing, cache_dir, image_exists,
+                                podman)
+from obsspec.env.podman import say as podman_say
+
+BASE_IMAGE = "obsspec-debian:bookworm"
+TASK_REPO = "obsspec-task"
+# On top of minbase: the janitor's python3, and the tools the built-in task families' reference
+# solutions use beyond coreutils (the bubblewrap sandbox has the host's /usr instead).
+BASE_PACKAGES = ("python3", "jq", "bzip2", "xz-utils", "zip", "unzip", "sqlite3")
+PACKAGES_LABEL = "obsspec.packages"  # the base image's BASE_PACKAGES: other ones, it is rebuilt
+# A build context is text (Task.image_files): this entry of it lists, one a line, the files that
+# are executable in the task folder; it is not written into the context, the files it names get
+# mode 0755 there (so `COPY run.sh /app/` keeps run.sh runnable).
+EXECUTABLES = ".obsspec-executable"
+BUILD_TIMEOUT_S = 1800.0
+BASE_BUILD_TIMEOUT_S = 900.0
+# FROM names that mean our base (Debian 12): with or without a registry prefix.
+LOCAL_BASE = re.compile(r"(docker\.io/)?(library/)?debian:(bookworm|bookworm-slim|12(\.\d+)*(-slim)?)")
+
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+class ImageUnavailable(ValueError):
+    """A task's image cannot be had here (an unknown base, a failed build): one line, the task's
+    problem, not the machine's."""
+
+
+def _lock(key: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(key, threading.Lock())
+
+
+class _FileLock:
+    """Held while an image is built, so that two processes never build the same one at once."""
+
+    def __init__(self, name: str):
+        self.path = os.path.join(cache_dir(), f"{name}.lock")
+
+    def __enter__(self):
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+def ensure_base(say=None) -> str:
+    """The base image's ID; the image is built when it is missing or holds other packages than
+    BASE_PACKAGES (mmdebstrap + podman import, about a minute; task images follow it: task_tag)."""
+    say = say or podman_say
+    packages = ",".join(BASE_PACKAGES)
+    with _lock(BASE_IMAGE), _FileLock("base"):
+        # one podman call when the base is there (every episode start makes it)
+        found = podman("image", "inspect", "--format", f'{{{{.Id}}}} {{{{index .Labels "{PACKAGES_LABEL}"}}}}',
+                       BASE_IMAGE, timeout=60)
+        image, _, label = found.stdout.strip().partition(" ")
+        if found.returncode == 0 and label == packages:
+            return image
+        if shutil.which("mmdebstrap") is None:
+            raise PodmanMissing(f"building the base image {BASE_IMAGE} needs mmdebstrap: {INSTALL_HINT}")
+        why = "its packages changed" if found.returncode == 0 else "about a minute, once"
+        say(f"building the base image {BASE_IMAGE} (mmdebstrap minbase + {packages}; {why})")
+        t0 = time.monotonic()
+        log_path = os.path.join(cache_dir(), "base-build.log")
+        with tempfile.TemporaryDirectory(prefix="obsspec-base-") as tmp, open(log_path, "w") as log:
+            tar = os.path.join(tmp, "rootfs.tar")
+            steps = [["mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", "bookworm", tar]]
+            for step in steps:
+                done = subprocess.run(step, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      timeout=BASE_BUILD_TIMEOUT_S)
+                if done.returncode != 0:
+                    raise ImageUnavailable(f"building {BASE_IMAGE} failed: {_last_line(log_path)} (log: {log_path})")
+            label = ["--change", f"LABEL {PACKAGES_LABEL}={packages}"]
+            if podman("import", *label, tar, BASE_IMAGE, timeout=600, log=log).returncode != 0:
+                raise ImageUnavailable(f"importing {BASE_IMAGE} failed: {_last_line(log_path)} (log: {log_path})")
+        say(f"built {BASE_IMAGE} in {time.monotonic() - t0:.0f} s")
+        return image_id(BASE_IMAGE)
+
+
+def resolve_base(name: str, stages: set[str]) -> str:
+    """What a FROM name means here: an earlier stage, our base, or a local image; else refused."""
+    if name in stages or name == "scratch":
+        return name
+    if LOCAL_BASE.fullmatch(name):
+        ensure_base()
+        return BASE_IMAGE
+    if image_exists(name):
+        return name
+    raise ImageUnavailable(f"base image {name} is not here and cannot be pulled (no registry); "
+                           f"only debian:bookworm, debian:bookworm-slim and debian:12 (built "
+                           f"locally as {BASE_IMAGE}) or images already in podman can be used")
+
+
+def from_names(dockerfile: str) -> list[tuple[str, str]]:
+    """(base, stage name or '') of every FROM line, in order."""
+    found = []
+    for line in dockerfile.replace("\\\n", " ").splitlines():
+        words = line.split()
+        if words and words[0].upper() == "FROM":
+            args = [w for w in words[1:] if not w.startswith("--")]
+            if args:
+                stage = args[2] if len(args) >= 3 and args[1].upper() == "AS" else ""
+                found.append((args[0], stage))
+    return found
+
+
+def offline_problem(dockerfile: str) -> str:
+    """Why a Dockerfile cannot be built here without a registry, by name only ('' = it can,
+    as far as its FROM lines tell)."""
+    stages: set[str] = set()
+    for base, stage in from_names(dockerfile):
+        if "$" in base:
+            return f"FROM {base} uses a build argument we cannot resolve offline"
+        if base not in stages and base != "scratch" and not LOCAL_BASE.fullmatch(base):
+            if shutil.which("podman") is None or not image_exists(base):
+                return (f"base image {base} is not available offline (only debian:bookworm, "
+                        f"debian:bookworm-slim and debian:12 are built locally)")
+        if stage:
+            stages.add(stage)
+    return ""
+
+
+def ensure_image(environment: Environment, workdir: str, etc: dict[str, str], say=None) -> str:
+    """The image for a task's environment (built once per distinct context, workdir and /etc
+    files of ours: passwd, group, hosts; baked in, so that no host path shows in mountinfo)."""
+    say = say or podman_say
+    files = dict(environment.files)
+    if "Dockerfile" not in files:
+        files = {"Dockerfile": f"FROM {environment.image or 'debian:bookworm'}\n"}
+    tag = task_tag(files, workdir, etc, base_ids(files["Dockerfile"]))
+    digest = tag.split(":")[1]
+    with _lock(tag), _FileLock(f"task-{digest}"):
+        if image_exists(tag):
+            return tag
+        dockerfile = _with_our_layer(_resolved(files["Dockerfile"]), workdir, etc)
+        say(f"building image {tag} for {workdir} ({len(files)} context files)")
+        t0 = time.monotonic()
+        log_path = os.path.join(cache_dir(), f"build-{digest}.log")
+        with tempfile.TemporaryDirectory(prefix="obsspec-ctx-") as ctx, open(log_path, "w") as log:
+            executable = set(files.get(EXECUTABLES, "").splitlines())
+            for rel, text in files.items():
+                if rel == EXECUTABLES:
+                    continue
+                path = os.path.join(ctx, rel)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
+                    f.write(dockerfile if rel == "Dockerfile" else text)
+                os.chmod(path, 0o755 if rel in executable else 0o644)
+            for name, text in etc.items():
+                with open(os.path.join(ctx, f".obsspec-etc-{name}"), "w") as f:
+                    f.write(text)
+            done = podman("build", "--pull=never", "--layers", "-t", tag, "-f",
+                          os.path.join(ctx, "Dockerfile"), ctx, timeout=BUILD_TIMEOUT_S, log=log)
+        if done.returncode != 0:
+            raise ImageUnavailable(f"image build failed: {_reason(log_path)} (log: {log_path})")
+        say(f"built {tag} in {time.monotonic() - t0:.0f} s")
+        return tag
+
+
+def task_tag(files: dict[str, str], workdir: str, etc: dict[str, str], bases: list[str]) -> str:
+    """The task image's name: a hash of everything it is built from, the IDs of the images it
+    builds on included (`bases`), so that a rebuilt base means rebuilt task images."""
+    key = repr((sorted(files.items()), workdir, sorted(etc.items()), bases))
+    return f"{TASK_REPO}:{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def base_ids(dockerfile: str) -> list[str]:
+    """IDs of the images a Dockerfile's FROM lines resolve to (earlier stages and scratch have
+    none), building our base first if it is missing."""
+    stages: set[str] = set()
+    ids = []
+    for base, stage in from_names(dockerfile):
+        if LOCAL_BASE.fullmatch(base) and base not in stages:
+            ids.append(ensure_base())
+        elif resolve_base(base, stages) not in stages and base != "scratch":
+            ids.append(image_id(base))
+        if stage:
+            stages.add(stage)
+    return ids
+
+
+def image_id(name: str) -> str:
+    """The ID of a local image (`podman image inspect --format {{.Id}}`)."""
+    out = podman("image", "inspect", "--format", "{{.Id}}", name, timeout=60)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise ImageUnavailable(f"cannot read the ID of image {name}: {out.stdout.strip()[-200:]}")
+    return out.stdout.strip()
+
+
+def _resolved(dockerfile: str) -> str:
+    """The Dockerfile with every FROM name that means our base replaced by it."""
+    stages: set[str] = set()
+    out = []
+    for line in dockerfile.splitlines():
+        words = line.split()
+        if words and words[0].upper() == "FROM":
+            args = [w for w in words[1:] if not w.startswith("--")]
+            if args:
+                base = resolve_base(args[0], stages)
+                if len(args) >= 3 and args[1].upper() == "AS":
+                    stages.add(args[2])
+                line = line.replace(args[0], base, 1)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _with_our_layer(dockerfile: str, workdir: str, etc: dict[str, str]) -> str:
+    """Our layer on top of the task's last stage (see the module docstring)."""
+    check = (
+        'for p in bash python3 chown install; do command -v "$p" >/dev/null || '
+        '{ echo "obsspec: the image has no $p (the episode supervisor needs bash, python3 and coreutils)"; exit 1; }; done'
+    )
+    return (dockerfile +
+            "USER root\n" +
+            "".join(f"COPY .obsspec-etc-{name} /etc/{name}\n" for name in sorted(etc)) +
+            f"RUN {check} && install -d -m 0755 /usr/lib/obsspec && "
+            f"install -m 0111 \"$(command -v bash)\" {SUPERVISOR} && "
+            f"mkdir -p {workdir} && chown -R 1000:1000 {workdir}\n")
+
+
+def _reason(log_path: str) -> str:
+    with open(log_path, errors="replace") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    ours = [line for line in lines if line.startswith("obsspec:")]
+    errors = [line for line in lines if line.lower().startswith(("error", "e:"))]
+    return (ours or errors or lines or ["(no output)"])[-1][:300]
+
+
+def _last_line(log_path: str) -> str:
+    return _reason(log_path)

@@ -5,6 +5,7 @@ advantage at the agent's will). The list, with the reasoning, is in docs/REWARD_
 """
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -49,7 +50,9 @@ def reward(task, commands, config=CFG):
 def pinned_reward(task, commands, where):
     """The reward after `commands` and then the pin of `where` (checked to have happened: on a
     busy machine the command could end before the pin was in place, and prove nothing)."""
-    record = asyncio.run(run_scripted(task, [*commands, PIN.format(dir=where)], CFG))
+    # (the pin's own wait is up to 20 s: a 3 s command timeout cut it short on a loaded machine)
+    config = dataclasses.replace(CFG, timeout_s=20)
+    record = asyncio.run(run_scripted(task, [*commands, PIN.format(dir=where)], config))
     assert record.infra_error == "", f"a hack turned a failure into an infra error: {record.infra_error}"
     assert record.steps[-1].observation.startswith("pinned"), record.steps[-1].observation
     return record.reward

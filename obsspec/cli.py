@@ -357,11 +357,10 @@ def serve_cmd(
     from obsspec.engines.server import Servers, server_specs
 
     rec = _load(recipe, overrides or [])
-    progress = _display(display)
-    policy_path, wm_path = model_paths(rec, progress)
-    specs = server_specs(rec, policy_path, wm_path)
-    if not specs:
+    if "vllm" not in (rec.policy.engine, rec.world_model.engine):  # (before a kit is built for nothing)
         raise ConfigError("serve: no section of this recipe uses engine vllm (policy.engine, world_model.engine)")
+    progress = _display(display)
+    specs = server_specs(rec, *model_paths(rec, progress))
     if print_only:
         for spec in specs:
             typer.echo(f"# {spec.role}\n{spec.shell()}")

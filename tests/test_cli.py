@@ -175,5 +175,11 @@ def test_serve_prints_the_servers_command_lines_and_refuses_a_recipe_without_one
                  "--scheduling-policy priority", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
         assert flag in policy, flag
     assert "--model Qwen/Qwen3-0.6B" in wm and "--port 8001" in wm and "processed_logprobs" not in wm
+    r = cli("serve", "recipes/terminal-8b.yaml", "servers.policy_gpus=0,1", "servers.world_model_gpus=2", "--print")
+    policy, wm = [line for line in r.stdout.splitlines() if not line.startswith("#")]
+    assert policy.startswith("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True CUDA_VISIBLE_DEVICES=0,1 ")
+    assert "--tensor-parallel-size 2" in policy and "CUDA_VISIBLE_DEVICES=2 " in wm and "tensor-parallel" not in wm
+    r = cli("serve", "recipes/terminal-8b.yaml", "servers.policy_gpus=first", "--print")
+    assert r.returncode == 2 and "servers.policy_gpus must be GPU indices" in r.stderr
     r = cli("serve", "recipes/tiny-cpu.yaml", "--print")
     assert r.returncode == 2 and "no section of this recipe uses engine vllm" in r.stderr

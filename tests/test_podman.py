@@ -133,9 +133,10 @@ def test_a_failed_build_is_one_line_naming_the_step():
 
 def test_harbor_image_tasks_pass_with_their_solution_and_fail_without():
     report = import_harbor(TASKS)
-    assert dict(report.skipped) == {"no-registry": "environment/Dockerfile: base image python:3.11-slim-bookworm "
-                                    "is not available offline (only debian:bookworm, debian:bookworm-slim and "
-                                    "debian:12 are built locally)"}
+    assert list(dict(report.skipped)) == ["no-registry"]
+    why = dict(report.skipped)["no-registry"]  # (no registry answers here: the pull was tried and failed)
+    assert why.startswith("environment/Dockerfile: base image python:3.11-slim-bookworm is not here and "
+                          "could not be pulled (") and "debian:bookworm-slim" in why and "\n" not in why
     cfg = SandboxConfig(timeout_s=20, memory_mb=512, max_procs=64)  # (bwrap backend: images still use podman)
     for task in report.tasks:
         assert task.needs_image and task.files == {}, task.task_id
@@ -171,7 +172,7 @@ def test_task_images_follow_the_images_they_build_on():
     assert podman.podman("image", "inspect", "--format", fmt, base).stdout.strip() == ",".join(images.BASE_PACKAGES)
     staged = "FROM debian:12 AS build\nRUN true\nFROM build\nFROM scratch\n"
     assert images.base_ids(staged) == [base] and images.base_ids("FROM debian:bookworm-slim\n") == [base]
-    with pytest.raises(images.ImageUnavailable, match="cannot be pulled"):
+    with pytest.raises(images.ImageUnavailable, match="could not be pulled"):
         images.base_ids("FROM python:3.11-slim\n")
 
 

@@ -5,7 +5,8 @@ Built once and shared by every episode that needs them:
   bookworm` imported with `podman import` (there is no registry here; about a minute, once, and
   again when BASE_PACKAGES changes: the image's label `obsspec.packages` records them).
 - `FROM debian:bookworm`, `debian:bookworm-slim` and `debian:12*` resolve to that base; any other
-  base must already be a local image (a task that names one that is not is refused, naming it).
+  base is a local image, or pulled (`podman pull`, once per process) where a registry answers;
+  one that can be had neither way is refused, naming it and the pull's error.
 - per task, `obsspec-task:<hash of the build context, workdir and the IDs of the images it
   builds on>` (a rebuilt base gets new task images, never stale ones): the task's Dockerfile plus
   one layer of ours that checks that bash and python3 are there (the supervisor and its janitor
@@ -112,17 +113,36 @@ def ensure_base(say=None) -> str:
 
 
 def resolve_base(name: str, stages: set[str]) -> str:
-    """What a FROM name means here: an earlier stage, our base, or a local image; else refused."""
+    """What a FROM name means here: an earlier stage, our base, a local or pulled image; else refused."""
     if name in stages or name == "scratch":
         return name
     if LOCAL_BASE.fullmatch(name):
         ensure_base()
         return BASE_IMAGE
-    if image_exists(name):
-        return name
-    raise ImageUnavailable(f"base image {name} is not here and cannot be pulled (no registry); "
-                           f"only debian:bookworm, debian:bookworm-slim and debian:12 (built "
-                           f"locally as {BASE_IMAGE}) or images already in podman can be used")
+    problem = unavailable(name)
+    if problem:
+        raise ImageUnavailable(problem)
+    return name
+
+
+_pulls: dict[str, str] = {}  # image name -> why it could not be pulled ('' = pulled)
+
+
+def unavailable(name: str) -> str:
+    """Why image `name` cannot be had ('' = it is local, or a registry gave it now)."""
+    if shutil.which("podman") is not None and image_exists(name):
+        return ""
+    if shutil.which("podman") is None:
+        return f"base image {name} needs podman to be pulled ({INSTALL_HINT})"
+    if name not in _pulls:
+        done = podman("pull", "--quiet", name, timeout=BUILD_TIMEOUT_S)
+        lines = (done.stdout or "").strip().splitlines()
+        _pulls[name] = "" if done.returncode == 0 else (lines[-1][:300] if lines else f"exit {done.returncode}")
+    if _pulls[name]:
+        return (f"base image {name} is not here and could not be pulled ({_pulls[name]}); without a "
+                f"registry only debian:bookworm, debian:bookworm-slim and debian:12 (built locally as "
+                f"{BASE_IMAGE}) or images already in podman can be used")
+    return ""
 
 
 def from_names(dockerfile: str) -> list[tuple[str, str]]:
@@ -139,16 +159,16 @@ def from_names(dockerfile: str) -> list[tuple[str, str]]:
 
 
 def offline_problem(dockerfile: str) -> str:
-    """Why a Dockerfile cannot be built here without a registry, by name only ('' = it can,
-    as far as its FROM lines tell)."""
+    """Why a Dockerfile cannot be built here, by its FROM lines ('' = it can, as far as they
+    tell): a base that is neither ours, nor local, nor pulled now from a registry."""
     stages: set[str] = set()
     for base, stage in from_names(dockerfile):
         if "$" in base:
             return f"FROM {base} uses a build argument we cannot resolve offline"
         if base not in stages and base != "scratch" and not LOCAL_BASE.fullmatch(base):
-            if shutil.which("podman") is None or not image_exists(base):
-                return (f"base image {base} is not available offline (only debian:bookworm, "
-                        f"debian:bookworm-slim and debian:12 are built locally)")
+            problem = unavailable(base)
+            if problem:
+                return problem
         if stage:
             stages.add(stage)
     return ""

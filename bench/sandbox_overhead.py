@@ -94,19 +94,19 @@ def main() -> None:
     ap.add_argument("--compare-podman", action="store_true", help="podman vs bwrap (deterministic)")
     args = ap.parse_args()
     if args.compare_podman:
-        print(json.dumps({**stamp(), **compare_podman(args.n)}, indent=2))
-        return
-    out = {
-        **stamp(),
-        "deterministic": asyncio.run(measure(args.n, True)),
-        "non_deterministic": asyncio.run(measure(args.n, False)),
-    }
+        out = {**stamp(), **compare_podman(args.n)}
+    else:
+        out = {
+            **stamp(),
+            "deterministic": asyncio.run(measure(args.n, True)),
+            "non_deterministic": asyncio.run(measure(args.n, False)),
+        }
     text = json.dumps(out, indent=2)
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-    if args.plot:
+    if args.plot and not args.compare_podman:
         import matplotlib
 
         matplotlib.use("Agg")

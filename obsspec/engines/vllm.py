@@ -84,7 +84,8 @@ class VLLMEngine:
         self._inflight: dict[str, asyncio.Task[dict[str, Any]]] = {}
         self._cancelled: set[str] = set()
         self._closed = False
-        self.max_model_len: int | None = None  # the server's, learnt from /v1/models
+        self.max_model_len: int | None = None  # the server's, learnt from /v1/models (None: it gives none)
+        self._limit_read = False               # (asked once, not before every request)
 
     # ---- generation --------------------------------------------------------------------------
 
@@ -128,8 +129,8 @@ class VLLMEngine:
         if rid in self._inflight:
             raise ValueError(f"request id {rid!r} is already running")
         start = time.perf_counter()
-        if self.max_model_len is None:
-            self.max_model_len = _limit(self.model, await self.served_models())
+        if not self._limit_read:
+            self.max_model_len, self._limit_read = _limit(self.model, await self.served_models()), True
         call = asyncio.ensure_future(self._request("POST", "/v1/completions", self.payload(request)))
         self._inflight[rid] = call
         try:
@@ -223,7 +224,7 @@ class VLLMEngine:
         served = [m.get("id") for m in entries]
         if self.model not in served:
             raise VLLMServerError(404, _not_served(self.model, served))
-        self.max_model_len = _limit(self.model, entries)
+        self.max_model_len, self._limit_read = _limit(self.model, entries), True
 
     # ---- lifecycle ---------------------------------------------------------------------------
 

@@ -156,3 +156,15 @@ def test_garbled_lines_of_suite_files_are_one_line_errors_or_skipped(tmp_path):
     cp = tmp_path / "validation.partial.jsonl"
     cp.write_bytes(b'[1, 2]\n"str"\n\xff\n{"key": "k"}\n')
     assert list(suite._load_checkpoint(str(cp))) == ["k"]
+
+
+def test_spread_takes_evenly_from_the_whole_list():
+    spread = suite.spread
+    items = list(range(10))
+    assert spread(items, 5) == [0, 2, 4, 6, 8]
+    # more than half: still from the whole list, not its first n (a family-grouped suite's first
+    # n items would leave its last families out)
+    assert spread(items, 7) == [0, 1, 2, 4, 5, 7, 8]
+    assert spread(items, 10) == items
+    assert spread(items, 12) == items + [0, 1]  # wraps around
+    assert spread([], 3) == []

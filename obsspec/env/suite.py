@@ -350,8 +350,9 @@ def spread(tasks: list, n: int) -> list:
     the first `n` would all be one family); with n > len(tasks) it wraps around."""
     if not tasks:
         return []
-    step = max(1, len(tasks) // n)
-    return [tasks[(i * step) % len(tasks)] for i in range(n)]
+    if n > len(tasks):
+        return [tasks[i % len(tasks)] for i in range(n)]
+    return [tasks[i * len(tasks) // n] for i in range(n)]
 
 
 def interleave(tasks: list[Task], seed: int) -> list[Task]:

@@ -69,13 +69,7 @@ class Recipe:
             raise ValueError(f"policy.max_context ({self.policy.max_context}) exceeds the tiny "
                              f"models' positions (kit.max_length = {self.kit.max_length}): lower "
                              "policy.max_context or raise kit.max_length")
-        wm = self.world_model
-        if wm.workspace_snapshot and wm.model == "tiny" and \
-                wm.snapshot_tokens + self.policy.max_context > self.kit.max_length:
-            raise ValueError(f"world_model.snapshot_tokens ({wm.snapshot_tokens}) + policy.max_context "
-                             f"({self.policy.max_context}) exceed the tiny world model's positions "
-                             f"(kit.max_length = {self.kit.max_length}): lower policy.max_context or "
-                             "world_model.snapshot_tokens, or raise kit.max_length")
+        wm = self.world_model  # (a tiny world model has kit.max_length + snapshot_tokens positions)
         if wm.workspace_snapshot and wm.snapshot_tokens >= self.wm_train.max_length:
             raise ValueError(f"world_model.snapshot_tokens ({wm.snapshot_tokens}) leaves no room in "
                              f"wm_train.max_length ({self.wm_train.max_length}): raise it or lower "

@@ -387,6 +387,8 @@ def test_with_the_workspace_snapshot_the_world_model_base_learns_with_it_ahead_o
     """world_model.workspace_snapshot with the kit's world model: the base is pre-trained on rows
     that start with each task's snapshot (never a target), as the rollout's drafts will; its
     cache key differs from the kit without it, which keeps the key it always had."""
+    from transformers import AutoConfig
+
     from obsspec.env.task import Task
     from obsspec.worldmodel import snapshot
 
@@ -422,6 +424,10 @@ def test_with_the_workspace_snapshot_the_world_model_base_learns_with_it_ahead_o
             assert row["input_ids"][:len(prefix)] == prefix and not any(row["completion_mask"][:len(prefix)])
             assert ("<workspace>" in fmt.decode(row["input_ids"])) == bool(budget)
         assert ("workspace_snapshot" in report) == bool(budget)
+        # the world model reads the snapshot ahead of the policy's whole context
+        paths = kit.KitPaths.under(str(tmp_path / f"kit{budget}"))
+        assert AutoConfig.from_pretrained(paths.world_model).max_position_embeddings == TINY.max_length + budget
+        assert AutoConfig.from_pretrained(paths.policy).max_position_embeddings == TINY.max_length
         if budget:  # each row has its own task's workspace (val row 0 is ROWS[6]'s task)
             assert " f6.txt\n" in fmt.decode(eval_rows[0]["input_ids"][:256])
         # the snapshots' text is not in the tokenizer's corpus: the tokenizer (and the policy)

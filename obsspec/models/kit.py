@@ -50,8 +50,9 @@ from obsspec.progress import Display, NullDisplay
 
 KIT_FORMAT = 3  # bump when the layout or the training recipe changes, to invalidate old kits (3: listing atoms)
 # the snapshot's text and use (2: the sandbox's `ls -lR`; 3: also in the tokenizer's corpus; 4: not in it
-# again: the tokenizer and the policy do not depend on the snapshot); in the key when on
-SNAPSHOT_FORMAT = 4
+# again: the tokenizer and the policy do not depend on the snapshot; 5: the world model's positions are
+# kit.max_length + the snapshot's budget); in the key when on
+SNAPSHOT_FORMAT = 5
 TRAJECTORIES = "trajectories.jsonl"
 TRAIN_TASKS = "train.jsonl"
 VAL_TASKS = "val.jsonl"
@@ -231,13 +232,14 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         done("tokenizer", {"vocab": len(tokenizer), "sec": round(time.monotonic() - t0, 1)})
     fmt = ChatFormat(tokenizer)
 
-    def train(name: str, mcfg, train_ex: list[dict], val_ex: list[dict], dropped: int, path: str):
+    def train(name: str, mcfg, train_ex: list[dict], val_ex: list[dict], dropped: int, path: str,
+              positions: int):
         if os.path.exists(path):
             display.log(f"tiny model kit: {name}: kept from an earlier build at {path}")
             return tiny.load_pretrained(path)[0]
-        model = tiny.build_model(mcfg, tokenizer, cfg.max_length, cfg.seed)
+        model = tiny.build_model(mcfg, tokenizer, positions, cfg.seed)
         display.log(f"tiny model kit: {name}: {tiny.count_parameters(model) / 1e6:.2f}M parameters, "
-                    f"{len(train_ex)} examples ({dropped} longer than {cfg.max_length} tokens dropped)")
+                    f"{len(train_ex)} examples ({dropped} longer than {positions} tokens dropped)")
         stats = warmstart.train(model, tokenizer, train_ex, val_ex, mcfg, os.path.join(out_dir, f".{name}-trainer"),
                                 cfg.seed, name, display, checkpoint_steps=checkpoint_steps)
         _save_atomically(path, lambda tmp: tiny.save(model, tokenizer, tmp))
@@ -246,7 +248,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
 
     train_ex, dropped = warmstart.examples(fmt, train_rows + policy_extra, "policy", cfg.max_length)
     val_ex, _ = warmstart.examples(fmt, val_rows, "policy", cfg.max_length)
-    policy = train("policy", cfg.policy, train_ex, val_ex, dropped, paths.policy)
+    policy = train("policy", cfg.policy, train_ex, val_ex, dropped, paths.policy, cfg.max_length)
 
     def snapshot_table(texts: dict[str, str]) -> dict[str, list[int]]:
         return {tid: snapshot_ids(fmt, text, snapshot_tokens) for tid, text in texts.items()}
@@ -256,10 +258,13 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         report["workspace_snapshot"] = {"tokens": snapshot_tokens, "tasks": len(snapshots),
                                         "mean_tokens": round(sum(map(len, snapshots.values()))
                                                              / max(len(snapshots), 1), 1)}
-    wm_train, dropped = warmstart.examples(fmt, train_rows, "world_model", cfg.max_length, snapshots)
-    wm_val, _ = warmstart.examples(fmt, val_rows, "world_model", cfg.max_length, snapshots)
+    # The world model reads the snapshot ahead of the policy's whole context: its positions are
+    # the policy's plus the snapshot's budget.
+    wm_positions = cfg.max_length + snapshot_tokens
+    wm_train, dropped = warmstart.examples(fmt, train_rows, "world_model", wm_positions, snapshots)
+    wm_val, _ = warmstart.examples(fmt, val_rows, "world_model", wm_positions, snapshots)
     if mistake_rows:
-        ex, n_dropped = warmstart.examples(fmt, mistake_rows, "world_model", cfg.max_length, snapshots)
+        ex, n_dropped = warmstart.examples(fmt, mistake_rows, "world_model", wm_positions, snapshots)
         report["mistakes"] = {**_mistake_stats(mistake_rows), "examples": len(ex), "dropped_too_long": n_dropped,
                               "sec": mistakes_sec}
         wm_train = wm_train + ex
@@ -272,7 +277,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         if cfg.mistakes:
             extra_rows += episodes("world_model_tasks_mistakes", lambda: _run_apart(
                 _mistake_episodes([t for t, _ in extra], cfg, sandbox, display)))
-        extra_ex, extra_dropped = warmstart.examples(fmt, extra_rows, "world_model", cfg.max_length, extra_snapshots)
+        extra_ex, extra_dropped = warmstart.examples(fmt, extra_rows, "world_model", wm_positions, extra_snapshots)
         report["world_model_tasks"].update(examples=len(extra_ex), dropped_too_long=extra_dropped,
                                            sec=round(time.monotonic() - t1, 1))
         if cfg.mistakes:
@@ -286,7 +291,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
             tr.to_dict() for tr in _policy_rollouts(policy, tokenizer, fmt, tasks_dir, cfg, sandbox, sampling,
                                                     display)])]
         from_rollouts = warmstart.trajectory_examples(
-            trajectories, cfg.max_length,
+            trajectories, wm_positions,
             [snapshots[t.task_id] for t in trajectories] if snapshots is not None else None)
         report["rollouts"] = {"episodes": len(trajectories), "examples": len(from_rollouts),
                               "success_frac": round(sum(t.reward == 1.0 for t in trajectories)
@@ -294,7 +299,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
                               "sec": report.get("rollouts", {}).get("sec") or round(time.monotonic() - t1, 1)}
         done("rollouts", report["rollouts"])
         wm_train = wm_train + from_rollouts
-    train("world_model", cfg.world_model, wm_train, wm_val, dropped, paths.world_model)
+    train("world_model", cfg.world_model, wm_train, wm_val, dropped, paths.world_model, wm_positions)
     report["build_sec"] = round(report.pop("build_sec_before") + time.monotonic() - t0, 1)
     write_json(paths.report, report)
     os.remove(partial)

@@ -32,7 +32,6 @@ def build_bases(recipe, out: str, work: str, display: Display | None = None, com
     from obsspec.rollout.config import sampling
 
     display = display or NullDisplay()
-    t0 = time.monotonic()
     snapshot_tokens = recipe.world_model.snapshot_tokens if recipe.world_model.workspace_snapshot else 0
     tasks_dir = os.path.join(work, "tasks")
     prepared = os.path.join(tasks_dir, "manifest.json")
@@ -50,6 +49,7 @@ def build_bases(recipe, out: str, work: str, display: Display | None = None, com
         display.log(f"bases: building the models in {paths.root} (resumable: run the same command again)")
         build_kit(tasks_dir, paths.root, recipe.kit, recipe.sandbox, settings, display, snapshot_tokens,
                   checkpoint_steps=CHECKPOINT_STEPS)
+    t0 = time.monotonic()  # the manifest's `evaluate_and_write_sec` (kit.json has the build's)
     quality_path = os.path.join(paths.root, "quality.json")
     if not os.path.exists(quality_path):
         display.log("bases: evaluating on the val split (policy episodes, world-model drafts)")

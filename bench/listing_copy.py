@@ -6,10 +6,12 @@ With the kit's tokenizer as it is (the baseline) and with a few listing fields a
 
 A probe of the model alone, no sandbox: synthetic examples of the task the tiny base fails on
 (docs/WORLDMODEL.md) — a system turn holding `ls -lR` of /app (3-9 files in data/, names from 31
-words x 5 extensions, or with `--names` dir-stats' own or random letters, sizes of 2-4 digits
+words x 5 extensions, or with `--names` dir-stats' own, random letters or the suite's
+word-and-number names, sizes of 2-4 digits
 right-aligned as `ls` pads them, the pinned date), the call `ls -l data`, and as target the
 `./data` block + `\n(exit_code=0)` + the closing tag, loss on the target only. Each arm trains the
-recipe's world-model shape (kit.world_model: 2 layers, width 128) from the same seed on the same
+recipe's world-model shape (kit.world_model: 2 layers, width 128; recipe overrides after the
+options change it, e.g. `kit.world_model.num_layers=4`) from the same seed on the same
 4,000 examples (AdamW, constant lr after 100 warm-up steps, batch 8) and is judged every `--every`
 steps by greedy exact match on 20 held-out listings. The `atoms` arm adds `-rw-r--r--`,
 `drwxr-xr-x`, ` 1 agent agent `, ` 2 agent agent ` and ` Jan  1 00:00 ` to the tokenizer as single
@@ -43,7 +45,7 @@ WORDS = ("app config data main notes schema summary todo server backup test erro
          "cache debug events index jobs metrics queue report sync trace users worker alpha beta gamma delta").split()
 EXTS = ("txt", "log", "csv", "md", "json")
 ATOMS = ("-rw-r--r--", "drwxr-xr-x", " 1 agent agent ", " 2 agent agent ", " Jan  1 00:00 ")
-NAMES = ("words", "stems", "random")  # how the synthetic listings name their files: file_name
+NAMES = ("words", "stems", "random", "suite")  # how the synthetic listings name their files: file_name
 
 
 def random_stem(rng: random.Random) -> str:
@@ -54,9 +56,15 @@ def random_stem(rng: random.Random) -> str:
 def file_name(rng: random.Random, names: str) -> str:
     """`words`: a stem from WORDS and one of EXTS; `stems`: as dir-stats names its files
     (FILE_STEMS, .log or .txt); `random`: 3-8 random letters and one of EXTS (a memorised
-    name is never right)."""
+    name is never right); `suite`: as most of the suite's families name theirs, a word with a
+    number or a second word (`report66.txt`, `app_6.log`, `old_sales_backup.csv`): several
+    tokens each, and many names share their first token."""
     if names == "stems":
         return f"{rng.choice(FILE_STEMS)}.{rng.choice(['log', 'txt'])}"
+    if names == "suite":
+        stem, n = rng.choice(WORDS), rng.randint(1, 99)
+        stem = rng.choice([f"{stem}{n}", f"{stem}_{n}", f"{stem}_{rng.choice(WORDS)}", f"old_{stem}_{n}"])
+        return f"{stem}.{rng.choice(EXTS)}"
     stem = random_stem(rng) if names == "random" else rng.choice(WORDS)
     return f"{stem}.{rng.choice(EXTS)}"
 
@@ -154,10 +162,12 @@ def main() -> None:
     p.add_argument("--plot", default="")
     p.add_argument("--save", default="", help="save each arm's model to SAVE/ARM")
     p.add_argument("--names", choices=NAMES, default="words",
-                   help="file names: 31 words x 5 extensions, dir-stats' own, or random letters")
+                   help="file names: 31 words x 5 extensions, dir-stats' own, random letters, or the "
+                        "suite's word-and-number names")
+    p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. kit.world_model.num_layers=4")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    shape = load_recipe(args.recipe).kit.world_model
+    shape = load_recipe(args.recipe, args.overrides).kit.world_model
     result = {"args": vars(args), "shape": shape.__dict__,
               "arms": {arm: train_arm(arm, args.kit, shape, args.steps, args.every, args.lr, args.seed,
                                         args.save, args.names)

@@ -14,6 +14,7 @@ SLOW_TESTS = {
     "test_harbor.py::test_a_verifier_may_run_longer_than_the_sandboxs_default",
     "test_harbor.py::test_the_verifiers_timeout_sec_is_its_time_limit",
     "test_kit.py::test_a_micro_policy_learns_to_copy_names_it_never_saw",
+    "test_kit.py::test_a_kit_that_differs_in_its_world_model_only_trains_the_world_model_alone",
     "test_kit.py::test_ensure_kit_builds_loadable_models_once_then_uses_the_cache",
     "test_kit.py::test_mistakes_give_the_world_model_and_the_tokenizer_real_error_messages",
     "test_report.py::test_latency_parts_add_up_to_each_episodes_latency",

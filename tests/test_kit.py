@@ -364,6 +364,38 @@ def test_ensure_kit_builds_loadable_models_once_then_uses_the_cache(tmp_path, mo
     assert os.path.getmtime(paths.report) == mtime
 
 
+def test_a_kit_that_differs_in_its_world_model_only_trains_the_world_model_alone(tmp_path, monkeypatch):
+    """A kit whose config differs from a cached one only in kit.world_model copies that kit's
+    tokenizer, policy and figures, trains its world model alone and names the kit it came from;
+    one that differs in anything an earlier stage reads trains everything."""
+    from transformers import AutoConfig
+
+    suite, cache = write_suite(tmp_path / "suite"), str(tmp_path / "cache")
+    first = kit.ensure_kit(suite, cache, TINY, SANDBOX, SAMPLING)
+    trained, real = [], warmstart.train
+
+    def train(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display, **kwargs):
+        trained.append(name)
+        return real(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display, **kwargs)
+
+    monkeypatch.setattr(warmstart, "train", train)
+    wider = dataclasses.replace(TINY, world_model=dataclasses.replace(TINY.world_model, hidden_size=64))
+    second = kit.ensure_kit(suite, cache, wider, SANDBOX, SAMPLING)
+    assert second.root != first.root and trained == ["world_model"]
+    for name in ("tokenizer/tokenizer.json", "policy/model.safetensors"):
+        with open(os.path.join(first.root, name), "rb") as f, open(os.path.join(second.root, name), "rb") as g:
+            assert f.read() == g.read()
+    report, before = second.read_report(), first.read_report()
+    assert report["stages_from"] == {"kit": first.root, "build_sec": before["build_sec"]}
+    assert report["policy"] == before["policy"] and report["tokenizer"] == before["tokenizer"]
+    assert AutoConfig.from_pretrained(second.world_model).hidden_size == 64
+
+    trained.clear()  # the policy's learning rate: a stage before the world model reads it
+    other = dataclasses.replace(wider, policy=dataclasses.replace(TINY.policy, learning_rate=5e-3))
+    third = kit.ensure_kit(suite, cache, other, SANDBOX, SAMPLING)
+    assert trained == ["policy", "world_model"] and "stages_from" not in third.read_report()
+
+
 def test_the_cache_key_follows_config_and_corpus(tmp_path):
     suite = write_suite(tmp_path / "a")
     key = kit.kit_key(suite, TINY, SANDBOX, SAMPLING)
@@ -378,6 +410,14 @@ def test_the_cache_key_follows_config_and_corpus(tmp_path):
         f.write("{}\n")
     with_rollouts = dataclasses.replace(TINY, rollouts=2)
     assert kit.kit_key(suite, with_rollouts, SANDBOX, hotter) != kit.kit_key(suite, with_rollouts, SANDBOX, SAMPLING)
+    # The stages before the world model's: all of the above but kit.world_model and the snapshot.
+    stages = kit.stages_key(suite, with_rollouts, SANDBOX, SAMPLING)
+    assert kit.stages_key(suite, with_rollouts, SANDBOX, hotter) != stages
+    assert kit.stages_key(suite, dataclasses.replace(with_rollouts, seed=1), SANDBOX, SAMPLING) != stages
+    assert kit.stages_key(suite, dataclasses.replace(with_rollouts, policy=TINY_MODEL.__class__()), SANDBOX,
+                          SAMPLING) != stages
+    assert kit.stages_key(suite, dataclasses.replace(with_rollouts, world_model=TINY_MODEL.__class__()), SANDBOX,
+                          SAMPLING) == stages
     shutil.rmtree(tmp_path / "a")
     with pytest.raises(TaskNotFound, match="prepare-tasks"):
         kit.ensure_kit(str(tmp_path / "a"), str(tmp_path / "cache"), TINY, SANDBOX, SAMPLING)

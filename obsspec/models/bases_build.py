@@ -48,7 +48,7 @@ def build_bases(recipe, out: str, work: str, display: Display | None = None, com
     if not os.path.exists(paths.report):
         display.log(f"bases: building the models in {paths.root} (resumable: run the same command again)")
         build_kit(tasks_dir, paths.root, recipe.kit, recipe.sandbox, settings, display, snapshot_tokens,
-                  checkpoint_steps=CHECKPOINT_STEPS)
+                  checkpoint_steps=CHECKPOINT_STEPS, reuse_from=work)
     t0 = time.monotonic()  # the manifest's `evaluate_and_write_sec` (kit.json has the build's)
     quality_path = os.path.join(paths.root, "quality.json")
     if not os.path.exists(quality_path):
@@ -100,6 +100,8 @@ def _manifest(recipe, paths, tasks_dir: str, snapshot_tokens: int, quality: dict
                    for name in ("policy", "world_model")},
         "vocab": kit["tokenizer"]["vocab"],
         "build_sec": kit["build_sec"], "evaluate_and_write_sec": sec,
+        # (a build that copied its earlier stages from another kit: that kit and its own build_sec)
+        **({"stages_from": kit["stages_from"]} if "stages_from" in kit else {}),
         "quality": {"policy": policy_figures(quality.get("warm", {})),
                     **{k: wm_figures(v) for k, v in quality.items() if k.startswith("world_model_")},
                     "sampling": quality.get("sampling")},

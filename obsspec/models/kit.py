@@ -16,8 +16,8 @@ read, and only its train split is trained on):
 4. the world-model base: a tiny Qwen3 pre-trained to write the real observations of the
    reference trajectories and of those rollouts (loss on observation bodies only); with the
    recipe's `world_model.workspace_snapshot`, each row has its task's snapshot ahead of it, as
-   the rollout's drafts will (`kit_for` passes `snapshot_tokens`; 0 = without), and then the
-   snapshots' text is in the tokenizer's corpus as well; with `kit.world_model_tasks`, also
+   the rollout's drafts will (`kit_for` passes `snapshot_tokens`; 0 = without; the snapshots'
+   text is not in the tokenizer's corpus, so nothing else changes); with `kit.world_model_tasks`, also
    the reference trajectories of that many more generated instances of the suite's families;
    with `kit.mistakes`, also that many episodes per train task (and per generated instance) of
    its reference solution with one command edited (obsspec/env/mistakes.py), whose error
@@ -25,8 +25,10 @@ read, and only its train split is trained on):
 Each lands in an ordinary model folder (weights + config + tokenizer) under
 `cache_dir/kit-<key>/`, where key = sha256 of (kit format, config, sha256 of trajectories.jsonl,
 the sampling and sandbox of the rollouts, the snapshot budget):
-a second call with the same inputs returns at once, and any change builds a fresh kit. A kit is
-built in a temporary folder and renamed into place, so a crash never leaves a half kit behind.
+a second call with the same inputs returns at once, and any change builds a fresh kit. A kit
+that differs from a cached one only in `kit.world_model` or the snapshot copies that kit's
+earlier stages (`stages_key`) and trains its world model alone. A kit is built in a temporary
+folder and renamed into place, so a crash never leaves a half kit behind.
 `kit.json` there records the config, sizes, losses and timings.
 """
 
@@ -80,6 +82,19 @@ class KitPaths:
 
 def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling,
             snapshot_tokens: int = 0) -> str:
+    return _digest(_key(tasks_dir, cfg, sandbox, sampling, snapshot_tokens))
+
+
+def stages_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling) -> str:
+    """The key of every stage but the world model's (SHARED_STAGES): the kit's key without
+    kit.world_model and the snapshot, which no earlier stage reads. Two kits with the same
+    stages key differ in their world model only."""
+    key = _key(tasks_dir, cfg, sandbox, sampling, 0)
+    del key["config"]["world_model"]
+    return _digest({**key, "stages": "all but the world model"})
+
+
+def _key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling, snapshot_tokens: int) -> dict:
     corpus = {name: _sha256(os.path.join(tasks_dir, name))
               for name in ((TRAJECTORIES, TRAIN_TASKS) if cfg.rollouts else (TRAJECTORIES,))}
     # The policy's rollouts depend on how it samples and on the sandbox it runs in.
@@ -98,8 +113,11 @@ def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sa
         key["sandbox"] = dataclasses.asdict(sandbox)
         key["tasks"] = {name: _sha256(os.path.join(tasks_dir, name)) for name in (TRAIN_TASKS, VAL_TASKS)
                         if os.path.exists(os.path.join(tasks_dir, name))}
-    blob = json.dumps(key, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return key
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
 def _sha256(path: str) -> str:
@@ -149,7 +167,7 @@ def ensure_kit(tasks_dir: str, cache_dir: str, cfg: KitConfig, sandbox: SandboxC
     os.makedirs(cache_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".building-", dir=cache_dir)
     try:
-        build_kit(tasks_dir, tmp, cfg, sandbox, sampling, display, snapshot_tokens)
+        build_kit(tasks_dir, tmp, cfg, sandbox, sampling, display, snapshot_tokens, reuse_from=cache_dir)
         try:
             os.rename(tmp, paths.root)
         except OSError:  # another process finished the same kit first: theirs is as good
@@ -166,7 +184,8 @@ def read_trajectories(tasks_dir: str) -> list[dict]:
 
 
 def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
-              sampling: Sampling, display: Display, snapshot_tokens: int = 0, checkpoint_steps: int = 0) -> dict:
+              sampling: Sampling, display: Display, snapshot_tokens: int = 0, checkpoint_steps: int = 0,
+              reuse_from: str = "") -> dict:
     """Train tokenizer, policy and world-model base into `out_dir`; return (and write) the report.
 
     Each stage's output lands in `out_dir` when the stage is done (the tokenizer, each model, the
@@ -174,6 +193,9 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     again on the same `out_dir`, a stage whose output is there is not run again. With
     `checkpoint_steps` > 0 each model's training also saves checkpoints and resumes from the
     latest: a build killed at any point goes on where it stopped (`obsspec build-bases`).
+    `reuse_from`: a folder of other kits (the cache, a bases build's work folder); a fresh build
+    starts from the stage outputs of a finished kit there that differs from this one in its
+    world model only (`stages_key`), and trains the world model alone.
     """
     from obsspec.models import tiny, warmstart
     from obsspec.models.tokenizer import corpus_texts, train_tokenizer
@@ -184,6 +206,9 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     os.makedirs(out_dir, exist_ok=True)
     paths = KitPaths.under(out_dir)
     partial = os.path.join(out_dir, PARTIAL_REPORT)
+    key = stages_key(tasks_dir, cfg, sandbox, sampling)
+    if reuse_from and not os.path.exists(partial):
+        _reuse_stages(out_dir, reuse_from, key, display)
     rows = [r for r in read_trajectories(tasks_dir) if r.get("reward") == 1.0]
     train_rows = [r for r in rows if r.get("split") == "train"]
     val_rows = [r for r in rows if r.get("split") == "val"]
@@ -191,7 +216,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         raise ValueError(f"{tasks_dir}/{TRAJECTORIES}: no successful train trajectories to learn from")
     report: dict = _read_json(partial) or {"build_sec_before": 0.0}
     report.update({"format": KIT_FORMAT, "config": dataclasses.asdict(cfg), "tasks_dir": tasks_dir,
-                   "trajectories": {"train": len(train_rows), "val": len(val_rows)}})
+                   "stages_key": key, "trajectories": {"train": len(train_rows), "val": len(val_rows)}})
 
     def done(name: str, value) -> None:  # a stage's figures, kept for a resumed build
         report[name] = value
@@ -213,7 +238,8 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     # then a few tokens, not a dozen fragments the world model must spell out one by one.
     t1 = time.monotonic()
     mistake_rows = episodes("mistakes", lambda: _mistakes(tasks_dir, cfg, sandbox, display)) if cfg.mistakes else []
-    mistakes_sec = round(time.monotonic() - t1, 1)
+    # (a stage's time as measured when it ran, not when a resumed or reusing build read its rows)
+    mistakes_sec = report.get("mistakes", {}).get("sec") or round(time.monotonic() - t1, 1)
     # Generated instances of the suite's families (never a suite task) for the policy: more
     # names to learn copying from than the suite's train split holds.
     policy_extra = [row for _, row in _generated(tasks_dir, "policy_tasks", cfg, sandbox, display, done,
@@ -269,7 +295,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
                               "sec": mistakes_sec}
         wm_train = wm_train + ex
     if cfg.world_model_tasks:
-        t1 = time.monotonic()
+        t1, ran_sec = time.monotonic(), report.get("world_model_tasks", {}).get("sec")
         extra = _generated(tasks_dir, "world_model_tasks", cfg, sandbox, display, done, episodes)
         extra_snapshots = snapshot_table(_run_apart(_workspace_texts(
             tasks_dir, sandbox, cfg.rollout_workers, [t for t, _ in extra]))) if snapshot_tokens else None
@@ -279,7 +305,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
                 _mistake_episodes([t for t, _ in extra], cfg, sandbox, display)))
         extra_ex, extra_dropped = warmstart.examples(fmt, extra_rows, "world_model", wm_positions, extra_snapshots)
         report["world_model_tasks"].update(examples=len(extra_ex), dropped_too_long=extra_dropped,
-                                           sec=round(time.monotonic() - t1, 1))
+                                           sec=ran_sec or round(time.monotonic() - t1, 1))
         if cfg.mistakes:
             report["world_model_tasks"]["mistakes"] = _mistake_stats(extra_rows[len(extra):])
         wm_train = wm_train + extra_ex
@@ -308,6 +334,35 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
 
 
 PARTIAL_REPORT = "kit.partial.json"  # the report of a build in progress (kit.json once it is done)
+# What a kit builds before its world model, none of which reads kit.world_model or the snapshot:
+# the outputs (files and folders) and their figures in kit.json.
+SHARED_STAGES = ("tokenizer", "policy", "mistakes.jsonl", "policy_tasks.jsonl", "world_model_tasks.jsonl",
+                 "world_model_tasks_mistakes.jsonl", "rollouts.jsonl")
+SHARED_FIGURES = ("tokenizer", "policy", "mistakes", "policy_tasks", "world_model_tasks", "rollouts")
+
+
+def _reuse_stages(out_dir: str, kits_dir: str, key: str, display: Display) -> None:
+    """Copy into `out_dir` the shared stages of the first finished kit in `kits_dir` with stages
+    key `key`, and start the build's report from their figures (`stages_from` names the kit)."""
+    if not os.path.isdir(kits_dir):
+        return
+    for name in sorted(os.listdir(kits_dir)):
+        donor = KitPaths.under(os.path.join(kits_dir, name))
+        report = _read_json(donor.report) if os.path.isfile(donor.report) else None
+        if not report or report.get("stages_key") != key or os.path.realpath(donor.root) == os.path.realpath(out_dir):
+            continue
+        for stage in SHARED_STAGES:
+            src, dst = os.path.join(donor.root, stage), os.path.join(out_dir, stage)
+            if os.path.isdir(src) and not os.path.exists(dst):
+                _save_atomically(dst, lambda tmp: shutil.copytree(src, tmp))
+            elif os.path.isfile(src) and not os.path.exists(dst):
+                shutil.copyfile(src, dst + ".tmp")
+                os.replace(dst + ".tmp", dst)
+        write_json(os.path.join(out_dir, PARTIAL_REPORT), {
+            "build_sec_before": 0.0, **{k: report[k] for k in SHARED_FIGURES if k in report},
+            "stages_from": {"kit": donor.root, "build_sec": report.get("build_sec")}})
+        display.log(f"tiny model kit: every stage but the world model's from {donor.root} (same inputs)")
+        return
 
 
 def _read_json(path: str) -> dict | None:

@@ -15,6 +15,7 @@ SLOW_TESTS = {
     "test_harbor.py::test_the_verifiers_timeout_sec_is_its_time_limit",
     "test_kit.py::test_a_micro_policy_learns_to_copy_names_it_never_saw",
     "test_kit.py::test_a_kit_that_differs_in_its_world_model_only_trains_the_world_model_alone",
+    "test_kit.py::test_a_kit_that_differs_in_its_sampling_runs_the_rollouts_again_on_the_same_policy",
     "test_kit.py::test_ensure_kit_builds_loadable_models_once_then_uses_the_cache",
     "test_kit.py::test_mistakes_give_the_world_model_and_the_tokenizer_real_error_messages",
     "test_report.py::test_latency_parts_add_up_to_each_episodes_latency",

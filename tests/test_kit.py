@@ -386,7 +386,8 @@ def test_a_kit_that_differs_in_its_world_model_only_trains_the_world_model_alone
         with open(os.path.join(first.root, name), "rb") as f, open(os.path.join(second.root, name), "rb") as g:
             assert f.read() == g.read()
     report, before = second.read_report(), first.read_report()
-    assert report["stages_from"] == {"kit": first.root, "build_sec": before["build_sec"]}
+    assert report["stages_from"] == {"kit": first.root, "stages": list(kit.SHARED_STAGES),
+                                     "build_sec": before["build_sec"]}
     assert report["policy"] == before["policy"] and report["tokenizer"] == before["tokenizer"]
     assert AutoConfig.from_pretrained(second.world_model).hidden_size == 64
 
@@ -410,14 +411,19 @@ def test_the_cache_key_follows_config_and_corpus(tmp_path):
         f.write("{}\n")
     with_rollouts = dataclasses.replace(TINY, rollouts=2)
     assert kit.kit_key(suite, with_rollouts, SANDBOX, hotter) != kit.kit_key(suite, with_rollouts, SANDBOX, SAMPLING)
-    # The stages before the world model's: all of the above but kit.world_model and the snapshot.
-    stages = kit.stages_key(suite, with_rollouts, SANDBOX, SAMPLING)
-    assert kit.stages_key(suite, with_rollouts, SANDBOX, hotter) != stages
-    assert kit.stages_key(suite, dataclasses.replace(with_rollouts, seed=1), SANDBOX, SAMPLING) != stages
-    assert kit.stages_key(suite, dataclasses.replace(with_rollouts, policy=TINY_MODEL.__class__()), SANDBOX,
-                          SAMPLING) != stages
-    assert kit.stages_key(suite, dataclasses.replace(with_rollouts, world_model=TINY_MODEL.__class__()), SANDBOX,
-                          SAMPLING) == stages
+    # The stages before the world model's: all of the above but kit.world_model and the snapshot;
+    # before the rollouts, also without the sampling and kit.rollouts.
+    stages = kit.stages_keys(suite, with_rollouts, SANDBOX, SAMPLING)
+    hot = kit.stages_keys(suite, with_rollouts, SANDBOX, hotter)
+    assert hot["all"] != stages["all"] and hot["before_rollouts"] == stages["before_rollouts"]
+    more = kit.stages_keys(suite, dataclasses.replace(with_rollouts, rollouts=3), SANDBOX, SAMPLING)
+    assert more["all"] != stages["all"] and more["before_rollouts"] == stages["before_rollouts"]
+    for changed in (dataclasses.replace(with_rollouts, seed=1),
+                    dataclasses.replace(with_rollouts, policy=TINY_MODEL.__class__()),
+                    dataclasses.replace(with_rollouts, vocab_size=1024)):
+        assert not set(kit.stages_keys(suite, changed, SANDBOX, SAMPLING).values()) & set(stages.values())
+    assert kit.stages_keys(suite, dataclasses.replace(with_rollouts, world_model=TINY_MODEL.__class__()), SANDBOX,
+                           SAMPLING) == stages
     shutil.rmtree(tmp_path / "a")
     with pytest.raises(TaskNotFound, match="prepare-tasks"):
         kit.ensure_kit(str(tmp_path / "a"), str(tmp_path / "cache"), TINY, SANDBOX, SAMPLING)
@@ -522,6 +528,28 @@ def test_world_model_tasks_add_real_reference_rows_for_the_world_model_only(tmp_
         f.write(json.dumps(dataclasses.replace(builtin_task("dir-stats", 0), family="imported").to_dict()) + "\n")
     with pytest.raises(ValueError, match="world_model_tasks.*built-in family"):
         kit.build_kit(suite, str(tmp_path / "kit2"), cfg, SANDBOX, SAMPLING, NullDisplay())
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
+def test_a_kit_that_differs_in_its_sampling_runs_the_rollouts_again_on_the_same_policy(tmp_path, monkeypatch):
+    """The policy's rollouts read the sampling settings; the tokenizer and the policy do not."""
+    suite, cache = write_dir_stats_suite(tmp_path / "suite"), str(tmp_path / "cache")
+    cfg = dataclasses.replace(TINY, rollouts=2)
+    first = kit.ensure_kit(suite, cache, cfg, SANDBOX, SAMPLING)
+    trained, real = [], warmstart.train
+
+    def train(model, tok, train_rows, eval_rows, mcfg, out_dir, seed, name, display, **kwargs):
+        trained.append(name)
+        return real(model, tok, train_rows, eval_rows, mcfg, out_dir, seed, name, display, **kwargs)
+
+    monkeypatch.setattr(warmstart, "train", train)
+    hotter = kit.ensure_kit(suite, cache, cfg, SANDBOX, dataclasses.replace(SAMPLING, temperature=1.3))
+    report = hotter.read_report()
+    assert trained == ["world_model"] and report["stages_from"]["stages"] == list(kit.SHARED_STAGES[:-1])
+    assert report["rollouts"]["episodes"] == 2 and os.path.exists(hotter.rollouts)
+    with open(os.path.join(first.policy, "model.safetensors"), "rb") as f, \
+            open(os.path.join(hotter.policy, "model.safetensors"), "rb") as g:
+        assert f.read() == g.read()
 
 
 ERROR_WORDS = ("No such file or directory", "command not found", "syntax error near unexpected token")

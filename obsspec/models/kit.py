@@ -27,7 +27,8 @@ Each lands in an ordinary model folder (weights + config + tokenizer) under
 the sampling and sandbox of the rollouts, the snapshot budget):
 a second call with the same inputs returns at once, and any change builds a fresh kit. A kit
 that differs from a cached one only in `kit.world_model` or the snapshot copies that kit's
-earlier stages (`stages_key`) and trains its world model alone. A kit is built in a temporary
+earlier stages (`stages_keys`) and trains its world model alone (and runs the policy's rollouts again
+when the sampling settings differ too). A kit is built in a temporary
 folder and renamed into place, so a crash never leaves a half kit behind.
 `kit.json` there records the config, sizes, losses and timings.
 """
@@ -85,13 +86,17 @@ def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sa
     return _digest(_key(tasks_dir, cfg, sandbox, sampling, snapshot_tokens))
 
 
-def stages_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling) -> str:
-    """The key of every stage but the world model's (SHARED_STAGES): the kit's key without
-    kit.world_model and the snapshot, which no earlier stage reads. Two kits with the same
-    stages key differ in their world model only."""
-    key = _key(tasks_dir, cfg, sandbox, sampling, 0)
-    del key["config"]["world_model"]
-    return _digest({**key, "stages": "all but the world model"})
+def stages_keys(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling) -> dict[str, str]:
+    """The keys of a kit's earlier stages, for a build to start from another kit's (SHARED_STAGES):
+    `all`, every stage but the world model's: the kit's key without kit.world_model and the
+    snapshot, which no earlier stage reads; `before_rollouts`, also without the policy's rollouts,
+    the one stage that reads the sampling settings and kit.rollouts."""
+    keys = {}
+    for name, c in (("all", cfg), ("before_rollouts", dataclasses.replace(cfg, rollouts=0))):
+        key = _key(tasks_dir, c, sandbox, sampling, 0)
+        del key["config"]["world_model"]
+        keys[name] = _digest({**key, "stages": name})
+    return keys
 
 
 def _key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling, snapshot_tokens: int) -> dict:
@@ -195,7 +200,8 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     latest: a build killed at any point goes on where it stopped (`obsspec build-bases`).
     `reuse_from`: a folder of other kits (the cache, a bases build's work folder); a fresh build
     starts from the stage outputs of a finished kit there that differs from this one in its
-    world model only (`stages_key`), and trains the world model alone.
+    world model only (`stages_keys`), and trains the world model alone; or from one that also
+    differs in the policy's sampling or kit.rollouts, and runs the rollouts again too.
     """
     from obsspec.models import tiny, warmstart
     from obsspec.models.tokenizer import corpus_texts, train_tokenizer
@@ -206,9 +212,9 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     os.makedirs(out_dir, exist_ok=True)
     paths = KitPaths.under(out_dir)
     partial = os.path.join(out_dir, PARTIAL_REPORT)
-    key = stages_key(tasks_dir, cfg, sandbox, sampling)
+    keys = stages_keys(tasks_dir, cfg, sandbox, sampling)
     if reuse_from and not os.path.exists(partial):
-        _reuse_stages(out_dir, reuse_from, key, display)
+        _reuse_stages(out_dir, reuse_from, keys, display)
     rows = [r for r in read_trajectories(tasks_dir) if r.get("reward") == 1.0]
     train_rows = [r for r in rows if r.get("split") == "train"]
     val_rows = [r for r in rows if r.get("split") == "val"]
@@ -216,7 +222,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         raise ValueError(f"{tasks_dir}/{TRAJECTORIES}: no successful train trajectories to learn from")
     report: dict = _read_json(partial) or {"build_sec_before": 0.0}
     report.update({"format": KIT_FORMAT, "config": dataclasses.asdict(cfg), "tasks_dir": tasks_dir,
-                   "stages_key": key, "trajectories": {"train": len(train_rows), "val": len(val_rows)}})
+                   "stages_keys": keys, "trajectories": {"train": len(train_rows), "val": len(val_rows)}})
 
     def done(name: str, value) -> None:  # a stage's figures, kept for a resumed build
         report[name] = value
@@ -335,33 +341,38 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
 
 PARTIAL_REPORT = "kit.partial.json"  # the report of a build in progress (kit.json once it is done)
 # What a kit builds before its world model, none of which reads kit.world_model or the snapshot:
-# the outputs (files and folders) and their figures in kit.json.
+# the outputs (files and folders) and their figures in kit.json; the policy's rollouts last (the
+# one stage a `before_rollouts` match leaves out).
 SHARED_STAGES = ("tokenizer", "policy", "mistakes.jsonl", "policy_tasks.jsonl", "world_model_tasks.jsonl",
                  "world_model_tasks_mistakes.jsonl", "rollouts.jsonl")
 SHARED_FIGURES = ("tokenizer", "policy", "mistakes", "policy_tasks", "world_model_tasks", "rollouts")
 
 
-def _reuse_stages(out_dir: str, kits_dir: str, key: str, display: Display) -> None:
-    """Copy into `out_dir` the shared stages of the first finished kit in `kits_dir` with stages
-    key `key`, and start the build's report from their figures (`stages_from` names the kit)."""
-    if not os.path.isdir(kits_dir):
-        return
-    for name in sorted(os.listdir(kits_dir)):
-        donor = KitPaths.under(os.path.join(kits_dir, name))
-        report = _read_json(donor.report) if os.path.isfile(donor.report) else None
-        if not report or report.get("stages_key") != key or os.path.realpath(donor.root) == os.path.realpath(out_dir):
+def _reuse_stages(out_dir: str, kits_dir: str, keys: dict[str, str], display: Display) -> None:
+    """Copy into `out_dir` the shared stages of a finished kit in `kits_dir` with one of the stages
+    keys `keys` (the closest match first), and start the build's report from their figures
+    (`stages_from` names the kit and the stages)."""
+    kits = [KitPaths.under(os.path.join(kits_dir, name)) for name in sorted(os.listdir(kits_dir))] \
+        if os.path.isdir(kits_dir) else []
+    reports = [(kit, _read_json(kit.report)) for kit in kits if os.path.isfile(kit.report)
+               and os.path.realpath(kit.root) != os.path.realpath(out_dir)]
+    for level, stages in (("all", SHARED_STAGES), ("before_rollouts", SHARED_STAGES[:-1])):
+        donor, report = next(((k, r) for k, r in reports if r.get("stages_keys", {}).get(level) == keys[level]),
+                             (None, None))
+        if donor is None:
             continue
-        for stage in SHARED_STAGES:
+        for stage in stages:
             src, dst = os.path.join(donor.root, stage), os.path.join(out_dir, stage)
             if os.path.isdir(src) and not os.path.exists(dst):
                 _save_atomically(dst, lambda tmp: shutil.copytree(src, tmp))
             elif os.path.isfile(src) and not os.path.exists(dst):
                 shutil.copyfile(src, dst + ".tmp")
                 os.replace(dst + ".tmp", dst)
+        figures = SHARED_FIGURES if level == "all" else SHARED_FIGURES[:-1]
         write_json(os.path.join(out_dir, PARTIAL_REPORT), {
-            "build_sec_before": 0.0, **{k: report[k] for k in SHARED_FIGURES if k in report},
-            "stages_from": {"kit": donor.root, "build_sec": report.get("build_sec")}})
-        display.log(f"tiny model kit: every stage but the world model's from {donor.root} (same inputs)")
+            "build_sec_before": 0.0, **{k: report[k] for k in figures if k in report},
+            "stages_from": {"kit": donor.root, "stages": list(stages), "build_sec": report.get("build_sec")}})
+        display.log(f"tiny model kit: {', '.join(stages)} from {donor.root} (the same inputs)")
         return
 
 

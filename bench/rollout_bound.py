@@ -17,7 +17,7 @@ import argparse
 import json
 import os
 
-from provenance import stamp
+from provenance import emit, stamp
 from rollout_speedup import Timings, bound
 
 from obsspec.jsonl import read_jsonl
@@ -49,11 +49,7 @@ def main() -> None:
               "T_over_W": round(b["T"] / b["W"], 2) if b["W"] else None,
               "measured": {k: summary["comparison"].get(k) for k in (
                   "reduction_per_pair", "mean_latency_reduction", "reduction_ci95", "verdict", "token_identical")}}
-    print(json.dumps(result, indent=2))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

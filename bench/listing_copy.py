@@ -7,8 +7,8 @@ With the kit's tokenizer as it is (the baseline) and with a few listing fields a
 A probe of the model alone, no sandbox: synthetic examples of the task the tiny base fails on
 (docs/WORLDMODEL.md) — a system turn holding `ls -lR` of /app (3-9 files in data/, names from 31
 words x 5 extensions, or with `--names` dir-stats' own, random letters or the suite's
-word-and-number names, sizes of 2-4 digits
-right-aligned as `ls` pads them, the pinned date), the call `ls -l data`, and as target the
+word-and-number names; sizes of 2-4 digits right-aligned as `ls` pads them; the pinned date),
+the call `ls -l data`, and as target the
 `./data` block + `\n(exit_code=0)` + the closing tag, loss on the target only. Each arm trains the
 recipe's world-model shape (kit.world_model: 2 layers, width 128; recipe overrides after the
 options change it, e.g. `kit.world_model.num_layers=4`) from the same seed on the same

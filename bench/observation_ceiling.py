@@ -1,4 +1,4 @@
-"""How many observations could a world model know at all? A ceiling on exact match, per class.
+"""How many observations could a world model write by copying? A ceiling on exact match, per class.
 
     PYTHONPATH=$PWD .venv/bin/python bench/observation_ceiling.py TASKS TRAJECTORIES \
         [--snapshot-tokens 512] [--out result.json]
@@ -17,10 +17,13 @@ it would take to write it exactly:
                the sizes, which the snapshot holds, and the right selection);
 - missing      a `No such file or directory` error (the rest of it copyable): knowable from the
                snapshot's absence of the name;
-- unknowable   anything else: file contents, counts, grep hits, answers computed earlier.
+- computed     anything else: file contents beyond the snapshot, counts, grep hits, answers
+               computed earlier, a listing after the episode moved files: what only running
+               (or simulating) commands gives.
 
-`ceiling_no_snapshot` = empty + context, `ceiling_snapshot` = all but unknowable: no world model,
-however large, can pass these on exact match with those inputs. Prints JSON (command, commit, date).
+`ceiling_no_snapshot` = empty + context, `ceiling_snapshot` = all but computed: what a world model
+that copies what it reads (and writes `(no output)`) can reach with those inputs; beyond it, it
+must compute. Prints JSON (command, commit, date).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from obsspec.tokens import ChatFormat
 from obsspec.worldmodel.snapshot import snapshot_ids, workspace_texts
 
 NO_OUTPUT = "(no output)\n(exit_code=0)"
-KINDS = ("empty", "context", "snapshot", "missing", "unknowable")
+KINDS = ("empty", "context", "snapshot", "missing", "computed")
 LISTED_NAME = re.compile(r" \d\d:\d\d (.+)$")  # the name at the end of an `ls -l` line
 
 
@@ -68,7 +71,7 @@ def kind(body: str, context: str, snapshot: str) -> str:
     if snapshot and any("No such file or directory" in line for line in lines) and all(
             ok or "No such file or directory" in line or line in seen for ok, line in zip(in_snapshot, lines)):
         return "missing"
-    return "unknowable"
+    return "computed"
 
 
 def main() -> None:

@@ -17,8 +17,9 @@ read, and only its train split is trained on):
    reference trajectories and of those rollouts (loss on observation bodies only); with the
    recipe's `world_model.workspace_snapshot`, each row has its task's snapshot ahead of it, as
    the rollout's drafts will (`kit_for` passes `snapshot_tokens`; 0 = without; the snapshots'
-   text is not in the tokenizer's corpus, so nothing else changes); with `kit.world_model_tasks`, also
-   the reference trajectories of that many more generated instances of the suite's families;
+   text is not in the tokenizer's corpus, so nothing else changes); with
+   `kit.world_model_tasks`, also the reference trajectories of that many more generated
+   instances of the suite's families;
    with `kit.mistakes`, also that many episodes per train task (and per generated instance) of
    its reference solution with one command edited (obsspec/env/mistakes.py), whose error
    messages the tokenizer's corpus holds too (they are run before step 1).
@@ -27,9 +28,9 @@ Each lands in an ordinary model folder (weights + config + tokenizer) under
 the sampling and sandbox of the rollouts, the snapshot budget):
 a second call with the same inputs returns at once, and any change builds a fresh kit. A kit
 that differs from a cached one only in `kit.world_model` or the snapshot copies that kit's
-earlier stages (`stages_keys`) and trains its world model alone (and runs the policy's rollouts again
-when the sampling settings differ too). A kit is built in a temporary
-folder and renamed into place, so a crash never leaves a half kit behind.
+earlier stages (`stages_keys`) and trains its world model alone (and runs the policy's
+rollouts again when the sampling settings differ too). A kit is built in a temporary folder
+and renamed into place, so a crash never leaves a half kit behind.
 `kit.json` there records the config, sizes, losses and timings.
 """
 

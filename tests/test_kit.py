@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import filecmp
 import json
 import os
 import shutil
@@ -364,6 +365,18 @@ def test_ensure_kit_builds_loadable_models_once_then_uses_the_cache(tmp_path, mo
     assert os.path.getmtime(paths.report) == mtime
 
 
+def record_training(monkeypatch) -> list[str]:
+    """The names of the models warmstart.train trains from now on (it still trains them)."""
+    trained, real = [], warmstart.train
+
+    def train(*args, **kwargs):
+        trained.append(args[7])  # (model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, ...)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(warmstart, "train", train)
+    return trained
+
+
 def test_a_kit_that_differs_in_its_world_model_only_trains_the_world_model_alone(tmp_path, monkeypatch):
     """A kit whose config differs from a cached one only in kit.world_model copies that kit's
     tokenizer, policy and figures, trains its world model alone and names the kit it came from;
@@ -372,19 +385,12 @@ def test_a_kit_that_differs_in_its_world_model_only_trains_the_world_model_alone
 
     suite, cache = write_suite(tmp_path / "suite"), str(tmp_path / "cache")
     first = kit.ensure_kit(suite, cache, TINY, SANDBOX, SAMPLING)
-    trained, real = [], warmstart.train
-
-    def train(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display, **kwargs):
-        trained.append(name)
-        return real(model, tok, train_rows, eval_rows, cfg, out_dir, seed, name, display, **kwargs)
-
-    monkeypatch.setattr(warmstart, "train", train)
+    trained = record_training(monkeypatch)
     wider = dataclasses.replace(TINY, world_model=dataclasses.replace(TINY.world_model, hidden_size=64))
     second = kit.ensure_kit(suite, cache, wider, SANDBOX, SAMPLING)
     assert second.root != first.root and trained == ["world_model"]
     for name in ("tokenizer/tokenizer.json", "policy/model.safetensors"):
-        with open(os.path.join(first.root, name), "rb") as f, open(os.path.join(second.root, name), "rb") as g:
-            assert f.read() == g.read()
+        assert filecmp.cmp(os.path.join(first.root, name), os.path.join(second.root, name), shallow=False)
     report, before = second.read_report(), first.read_report()
     assert report["stages_from"] == {"kit": first.root, "stages": list(kit.SHARED_STAGES),
                                      "build_sec": before["build_sec"]}
@@ -536,20 +542,13 @@ def test_a_kit_that_differs_in_its_sampling_runs_the_rollouts_again_on_the_same_
     suite, cache = write_dir_stats_suite(tmp_path / "suite"), str(tmp_path / "cache")
     cfg = dataclasses.replace(TINY, rollouts=2)
     first = kit.ensure_kit(suite, cache, cfg, SANDBOX, SAMPLING)
-    trained, real = [], warmstart.train
-
-    def train(model, tok, train_rows, eval_rows, mcfg, out_dir, seed, name, display, **kwargs):
-        trained.append(name)
-        return real(model, tok, train_rows, eval_rows, mcfg, out_dir, seed, name, display, **kwargs)
-
-    monkeypatch.setattr(warmstart, "train", train)
+    trained = record_training(monkeypatch)
     hotter = kit.ensure_kit(suite, cache, cfg, SANDBOX, dataclasses.replace(SAMPLING, temperature=1.3))
     report = hotter.read_report()
     assert trained == ["world_model"] and report["stages_from"]["stages"] == list(kit.SHARED_STAGES[:-1])
     assert report["rollouts"]["episodes"] == 2 and os.path.exists(hotter.rollouts)
-    with open(os.path.join(first.policy, "model.safetensors"), "rb") as f, \
-            open(os.path.join(hotter.policy, "model.safetensors"), "rb") as g:
-        assert f.read() == g.read()
+    assert filecmp.cmp(os.path.join(first.policy, "model.safetensors"),
+                       os.path.join(hotter.policy, "model.safetensors"), shallow=False)
 
 
 ERROR_WORDS = ("No such file or directory", "command not found", "syntax error near unexpected token")

@@ -537,6 +537,57 @@ def test_world_model_tasks_add_real_reference_rows_for_the_world_model_only(tmp_
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
+def test_the_copy_curriculum_trains_the_world_model_on_copies_first_then_goes_on_from_there(tmp_path, monkeypatch):
+    """kit.copy_steps: the world model first trains that many steps on copy rows (commands whose
+    output is a span of the task's snapshot) of the train tasks and generated instances, never
+    of a val task's workspace, then trains its real rows from where that left off."""
+    from obsspec.config import ConfigError, load_recipe
+    from obsspec.worldmodel import snapshot
+
+    cfg = dataclasses.replace(TINY, world_model_tasks=2, copy_steps=3)
+    suite = write_dir_stats_suite(tmp_path / "suite")
+    seen = {}
+
+    def train(model, tok, train_rows, eval_rows, mcfg, out_dir, seed, name, display, **kwargs):
+        seen[name] = (model, tok, train_rows, eval_rows, mcfg)
+        return {"steps": 0}
+
+    monkeypatch.setattr(warmstart, "train", train)
+    kit.build_kit(suite, str(tmp_path / "kit"), cfg, SANDBOX, SAMPLING, NullDisplay(), snapshot_tokens=384)
+    assert list(seen) == ["policy", "world_model_copies", "world_model"]
+    model, tok, rows, val_rows, mcfg = seen["world_model_copies"]
+    assert seen["world_model"][0] is model, "the real rows do not start from the copies' model"
+    assert mcfg.max_steps == 3 and seen["world_model"][4] == cfg.world_model
+    fmt = ChatFormat(tok)
+    val_task = builtin_task("dir-stats", 3)
+    val_prefix = asyncio.run(snapshot.workspace_snapshot(val_task, fmt, 384, SANDBOX))
+    # (a budget that cuts a snapshot keeps fewer rows: only copies of what it shows)
+    assert 0 < len(rows) <= (3 + 2) * kit.COPIES_PER_TASK and 0 < len(val_rows) <= kit.COPIES_PER_TASK
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")  # (the snapshot is the first turn)
+    snapshots = {tuple(r["input_ids"][:r["input_ids"].index(im_end)]) for r in rows}
+    assert len(snapshots) == 3 + 2, "copies of the 3 train tasks and the 2 generated instances"
+    assert all(r["input_ids"][:len(val_prefix)] == val_prefix for r in val_rows)
+    for row in rows:
+        assert row["input_ids"][:len(val_prefix)] != val_prefix, "a val task's workspace was trained on"
+        ids, mask = row["input_ids"], row["completion_mask"]
+        start = mask.index(1)
+        body = fmt.decode(ids[start:start + sum(mask)]).split("\n(exit_code=0)")[0].rstrip("\n")
+        shown = fmt.decode(ids[:start])
+        shown = shown[:shown.index("</workspace>")]
+        # a span of the snapshot (`ls DIR`: the names of its listing's lines)
+        assert body in shown or all(f" {name}\n" in shown for name in body.split("\n")), \
+            f"a copy target not in its snapshot: {body!r}"
+    assert kit.stages_keys(suite, cfg, SANDBOX, SAMPLING) == kit.stages_keys(
+        suite, dataclasses.replace(cfg, copy_steps=0), SANDBOX, SAMPLING)
+    assert kit.kit_key(suite, cfg, SANDBOX, SAMPLING, 384) != kit.kit_key(
+        suite, dataclasses.replace(cfg, copy_steps=0), SANDBOX, SAMPLING, 384)
+    with pytest.raises(ValueError, match="copy_steps"):
+        kit.build_kit(suite, str(tmp_path / "kit2"), cfg, SANDBOX, SAMPLING, NullDisplay())
+    with pytest.raises(ConfigError, match="kit.copy_steps.*workspace_snapshot"):
+        load_recipe("recipes/tiny-cpu.yaml", ["kit.copy_steps=5", "world_model.workspace_snapshot=false"])
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
 def test_a_kit_that_differs_in_its_sampling_runs_the_rollouts_again_on_the_same_policy(tmp_path, monkeypatch):
     """The policy's rollouts read the sampling settings; the tokenizer and the policy do not."""
     suite, cache = write_dir_stats_suite(tmp_path / "suite"), str(tmp_path / "cache")

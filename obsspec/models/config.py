@@ -79,6 +79,14 @@ class KitConfig:
                            "sandboxes: the error messages and their consequences a sampled policy "
                            "meets. Their text is in the tokenizer's corpus and the world-model base "
                            "learns their observations. 0 = none.")
+    copy_steps: int = doc(0, "Optimizer steps the world-model base first spends on copy rows alone, "
+                             "before its real rows: per train task and world_model_tasks instance, "
+                             "a few commands whose whole output is a span of the task's workspace "
+                             "snapshot (`ls -l DIR`, `ls DIR`, `cat FILE`, `head -N FILE`; "
+                             "obsspec/worldmodel/copies.py). Copying from the prompt is a skill the "
+                             "tiny base gains abruptly and only after thousands of steps of it; "
+                             "the real rows hold too few copies to get there. Needs "
+                             "world_model.workspace_snapshot. 0 = none.")
     world_model: TinyModelConfig = doc(
         TinyModelConfig(epochs=4.0, max_steps=150),
         "The world-model base (pre-trained to write real observations; loss on body + closing tag).")
@@ -86,9 +94,10 @@ class KitConfig:
     def __post_init__(self) -> None:
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes + special tokens), got {self.vocab_size}")
-        if min(self.rollouts, self.world_model_tasks, self.policy_tasks, self.mistakes) < 0 or self.rollout_workers < 1:
-            raise ValueError("kit.rollouts, kit.world_model_tasks, kit.policy_tasks and kit.mistakes must be >= 0 "
-                             "and kit.rollout_workers >= 1")
+        if min(self.rollouts, self.world_model_tasks, self.policy_tasks, self.mistakes,
+               self.copy_steps) < 0 or self.rollout_workers < 1:
+            raise ValueError("kit.rollouts, kit.world_model_tasks, kit.policy_tasks, kit.mistakes and "
+                             "kit.copy_steps must be >= 0 and kit.rollout_workers >= 1")
         if not 1 <= self.digits_per_token <= 3:
             raise ValueError(f"kit.digits_per_token must be 1, 2 or 3, got {self.digits_per_token}")
         if self.max_length < 64:

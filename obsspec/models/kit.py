@@ -96,6 +96,7 @@ def stages_keys(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling
     for name, c in (("all", cfg), ("before_rollouts", dataclasses.replace(cfg, rollouts=0))):
         key = _key(tasks_dir, c, sandbox, sampling, 0)
         del key["config"]["world_model"]
+        key["config"].pop("copy_steps", None)
         keys[name] = _digest({**key, "stages": name})
     return keys
 
@@ -108,7 +109,8 @@ def _key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampl
         if cfg.rollouts else None
     config = dataclasses.asdict(cfg)
     del config["bases"]  # where to find pretrained bases, not what a kit is built from
-    for name, off in (("world_model_tasks", 0), ("policy_tasks", 0), ("mistakes", 0), ("digits_per_token", 1)):
+    for name, off in (("world_model_tasks", 0), ("policy_tasks", 0), ("mistakes", 0), ("digits_per_token", 1),
+                      ("copy_steps", 0)):
         if config[name] == off:  # (absent when off: older kits keep their key)
             del config[name]
     key = {"format": KIT_FORMAT, "config": config, "corpus": corpus, "rollouts": rollouts}
@@ -209,6 +211,8 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     from obsspec.tokens import ChatFormat
     from obsspec.worldmodel.snapshot import snapshot_ids
 
+    if cfg.copy_steps and not snapshot_tokens:
+        raise ValueError("kit.copy_steps needs the world model's workspace snapshot (snapshot_tokens > 0)")
     t0 = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
     paths = KitPaths.under(out_dir)
@@ -266,11 +270,11 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     fmt = ChatFormat(tokenizer)
 
     def train(name: str, mcfg, train_ex: list[dict], val_ex: list[dict], dropped: int, path: str,
-              positions: int):
+              positions: int, init=None):
         if os.path.exists(path):
             display.log(f"tiny model kit: {name}: kept from an earlier build at {path}")
             return tiny.load_pretrained(path)[0]
-        model = tiny.build_model(mcfg, tokenizer, positions, cfg.seed)
+        model = init or tiny.build_model(mcfg, tokenizer, positions, cfg.seed)
         display.log(f"tiny model kit: {name}: {tiny.count_parameters(model) / 1e6:.2f}M parameters, "
                     f"{len(train_ex)} examples ({dropped} longer than {positions} tokens dropped)")
         stats = warmstart.train(model, tokenizer, train_ex, val_ex, mcfg, os.path.join(out_dir, f".{name}-trainer"),
@@ -304,8 +308,9 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     if cfg.world_model_tasks:
         t1, ran_sec = time.monotonic(), report.get("world_model_tasks", {}).get("sec")
         extra = _generated(tasks_dir, "world_model_tasks", cfg, sandbox, display, done, episodes)
-        extra_snapshots = snapshot_table(_run_apart(_workspace_texts(
-            tasks_dir, sandbox, cfg.rollout_workers, [t for t, _ in extra]))) if snapshot_tokens else None
+        extra_texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers,
+                                                  [t for t, _ in extra])) if snapshot_tokens else {}
+        extra_snapshots = snapshot_table(extra_texts) if snapshot_tokens else None
         extra_rows = [row for _, row in extra]
         if cfg.mistakes:
             extra_rows += episodes("world_model_tasks_mistakes", lambda: _run_apart(
@@ -332,7 +337,21 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
                               "sec": report.get("rollouts", {}).get("sec") or round(time.monotonic() - t1, 1)}
         done("rollouts", report["rollouts"])
         wm_train = wm_train + from_rollouts
-    train("world_model", cfg.world_model, wm_train, wm_val, dropped, paths.world_model, wm_positions)
+    wm_init = None
+    if cfg.copy_steps:  # the copy curriculum: copy rows alone first, then the real rows
+        from obsspec.env.suite import load_tasks
+
+        generated = [t for t, _ in extra] if cfg.world_model_tasks else []
+        texts = {**texts, **extra_texts} if cfg.world_model_tasks else texts
+        snaps = {**snapshots, **(extra_snapshots or {})}
+        copy_train, copy_dropped = _copy_examples(
+            fmt, load_tasks(os.path.join(tasks_dir, TRAIN_TASKS)) + generated, texts, snaps, sandbox, wm_positions)
+        copy_val, _ = _copy_examples(fmt, load_tasks(os.path.join(tasks_dir, VAL_TASKS))[:COPY_VAL_TASKS],
+                                     texts, snaps, sandbox, wm_positions)
+        copies_cfg = dataclasses.replace(cfg.world_model, max_steps=cfg.copy_steps, epochs=float(cfg.copy_steps))
+        wm_init = train("world_model_copies", copies_cfg, copy_train, copy_val, copy_dropped,
+                        os.path.join(out_dir, COPIES_MODEL), wm_positions)
+    train("world_model", cfg.world_model, wm_train, wm_val, dropped, paths.world_model, wm_positions, wm_init)
     report["build_sec"] = round(report.pop("build_sec_before") + time.monotonic() - t0, 1)
     write_json(paths.report, report)
     os.remove(partial)
@@ -341,6 +360,33 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
 
 
 PARTIAL_REPORT = "kit.partial.json"  # the report of a build in progress (kit.json once it is done)
+COPIES_MODEL = "world_model_copies"  # the world model after its copy curriculum (kit.copy_steps)
+COPIES_PER_TASK = 4                  # copy rows drawn per task
+COPY_VAL_TASKS = 100                 # val tasks whose copy rows give the curriculum's eval loss
+
+
+def _copy_examples(fmt, tasks: list, texts: dict[str, str], snapshots: dict[str, list[int]],
+                   sandbox: SandboxConfig, positions: int) -> tuple[list[dict], int]:
+    """World-model rows of the copy curriculum and how many were too long: per task, up to
+    COPIES_PER_TASK commands whose output is a span of its snapshot (the part the budget keeps),
+    each as one step after the task's prompt, its observation formatted as the sandbox would."""
+    from obsspec import chat
+    from obsspec.tokens import transcript, wm_row
+    from obsspec.worldmodel.copies import sample_copy_steps
+
+    rows, dropped = [], 0
+    for task in tasks:
+        snap = snapshots[task.task_id]
+        for command, output in sample_copy_steps(texts[task.task_id], fmt.decode(snap), COPIES_PER_TASK,
+                                                 task.task_id):
+            body = chat.format_observation(output, 0, cap=sandbox.output_cap)
+            t = transcript(fmt, task.instruction, [(command, body)], done=False)
+            row = wm_row(snap, t.ids, t.wm_mask)
+            if len(row["input_ids"]) > positions:
+                dropped += 1
+            else:
+                rows.append(row)
+    return rows, dropped
 # What a kit builds before its world model, none of which reads kit.world_model or the snapshot:
 # the outputs (files and folders) and their figures in kit.json; the policy's rollouts last (the
 # one stage a `before_rollouts` match leaves out).

@@ -1,0 +1,93 @@
+"""Copy rows: commands whose whole output is a span of the task's workspace snapshot, for a
+world model to learn copying before it learns the suite's rows (`kit.copy_steps`).
+
+    steps = copy_steps(snapshot_text)   # [("ls -l data", b"total 8\\n-rw-r--r-- ..."), ("cat data/a.txt", b"...")]
+
+What `ls -l DIR`, `ls DIR`, `cat FILE` and `head -N FILE` print right after setup is already in
+the snapshot (obsspec/worldmodel/snapshot.py `render`): each directory's block of the `ls -lR`
+listing, and each small text file's contents. `copy_steps` reads those spans back out of the
+rendered text, so a kit can make thousands of exact (command -> output) rows without a sandbox.
+A file's contents are used only when their byte count equals the size its listing line shows
+(a file whose text looks like a section header cannot cut another's contents short), and a name
+a shell would need quoted is left out. tests/test_copies.py runs the commands in real sandboxes
+and checks the outputs byte for byte.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from obsspec.worldmodel.snapshot import LISTING, TRUNCATED
+
+# One line of `ls -l` in the sandbox (C locale, pinned clock): mode, links, owner, group, size,
+# date, name (`name -> target` for a symlink).
+_LINE = re.compile(r"^(?P<mode>[-dlcbps][-rwxsStT]{9}) +\d+ \S+ +\S+ +(?P<size>\d+) "
+                   r"[A-Z][a-z]{2} [ \d]\d +(?:\d\d:\d\d|\d{4}) (?P<name>.+)$")
+_SECTION = re.compile(r"\n==> (.+?) <==\n")
+_PLAIN = re.compile(r"[A-Za-z0-9._/+-]+")  # a path no shell quoting changes
+HEAD_LINES = (3, 5)
+
+
+def copy_steps(text: str) -> list[tuple[str, bytes, str]]:
+    """(command, output, span) triples whose output the rendered snapshot `text` holds byte for
+    byte, in `span` (the directory's block, or the file's section with its header):
+    `ls -l DIR` and `ls DIR` per directory of the listing (`ls -l` and `ls` for the top one),
+    `cat FILE` and `head -N FILE` per file shown. Empty for a text not in `render`'s layout."""
+    head, sep, rest = text.partition(f"\n$ {LISTING}\n")
+    if not sep:
+        return []
+    parts = _SECTION.split(rest)
+    listing, sections = parts[0], list(zip(parts[1::2], parts[2::2]))
+    if listing.endswith(TRUNCATED.lstrip("\n")):
+        return []
+    steps: list[tuple[str, bytes, str]] = []
+    sizes: dict[str, int] = {}
+    for block in listing.split("\n\n"):
+        header, _, body = block.partition(":\n")
+        if header != "." and not header.startswith("./"):
+            continue
+        folder = header[2:]
+        if folder and not _PLAIN.fullmatch(folder):
+            continue
+        lines = body.rstrip("\n").split("\n")
+        if not lines or not lines[0].startswith("total "):
+            continue
+        parsed = [_LINE.match(line) for line in lines[1:]]
+        if not all(parsed):
+            continue
+        names = []
+        for m in parsed:
+            name = m["name"].split(" -> ")[0] if m["mode"].startswith("l") else m["name"]
+            names.append(name)
+            if m["mode"].startswith("-"):
+                sizes[f"{folder}/{name}" if folder else name] = int(m["size"])
+        target = f" {folder}" if folder else ""
+        body = body.rstrip("\n") + "\n"
+        span = f"{header}:\n{body}"
+        steps.append((f"ls -l{target}", body.encode(), span))
+        if all(_PLAIN.fullmatch(n) for n in names):
+            steps.append((f"ls{target}", "".join(n + "\n" for n in names).encode(), span))
+    for path, raw in sections:
+        data = raw.encode()
+        size = sizes.get(path)
+        if size is None or not _PLAIN.fullmatch(path):
+            continue
+        if len(data) != size:  # render adds a newline to contents without one
+            if not (raw.endswith("\n") and len(data) - 1 == size):
+                continue
+            data = data[:-1]
+        span = f"==> {path} <==\n{raw}"
+        steps.append((f"cat {path}", data, span))
+        n = HEAD_LINES[len(path) % len(HEAD_LINES)]
+        if data.count(b"\n") > n:
+            steps.append((f"head -{n} {path}", b"".join(data.splitlines(keepends=True)[:n]), span))
+    return steps
+
+
+def sample_copy_steps(text: str, kept: str, limit: int, seed: str) -> list[tuple[str, bytes]]:
+    """At most `limit` (command, output) pairs of `copy_steps(text)` whose span lies wholly in
+    `kept` (the part of the snapshot a token budget keeps), drawn reproducibly from `seed`."""
+    steps = [(cmd, out) for cmd, out, span in copy_steps(text) if span in kept]
+    random.Random(seed).shuffle(steps)
+    return steps[:limit]

@@ -108,6 +108,8 @@ def test_to_dict_round_trips():
     ("world_model.prefix_cache_tokens=10", ["at least one 64-token block"]),
     ("kit.world_model_tasks=-5", ["kit.world_model_tasks", "must be >= 0"]),
     ("kit.mistakes=-1", ["kit.mistakes must be >= 0"]),
+    ("kit.copy_steps=-1", ["kit.copy_steps must be >= 0"]),
+    ("kit.copy_steps=100", ["kit.copy_steps (100)", "world_model.workspace_snapshot"]),
     ("kit.digits_per_token=4", ["kit.digits_per_token must be 1, 2 or 3"]),
 ])
 def test_cross_section_mistakes_are_one_line_naming_the_keys(override, words):

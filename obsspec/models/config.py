@@ -94,10 +94,11 @@ class KitConfig:
     def __post_init__(self) -> None:
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes + special tokens), got {self.vocab_size}")
-        if min(self.rollouts, self.world_model_tasks, self.policy_tasks, self.mistakes,
-               self.copy_steps) < 0 or self.rollout_workers < 1:
-            raise ValueError("kit.rollouts, kit.world_model_tasks, kit.policy_tasks, kit.mistakes and "
-                             "kit.copy_steps must be >= 0 and kit.rollout_workers >= 1")
+        for name in ("rollouts", "world_model_tasks", "policy_tasks", "mistakes", "copy_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"kit.{name} must be >= 0, got {getattr(self, name)}")
+        if self.rollout_workers < 1:
+            raise ValueError(f"kit.rollout_workers must be >= 1, got {self.rollout_workers}")
         if not 1 <= self.digits_per_token <= 3:
             raise ValueError(f"kit.digits_per_token must be 1, 2 or 3, got {self.digits_per_token}")
         if self.max_length < 64:

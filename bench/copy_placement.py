@@ -38,8 +38,8 @@ from obsspec.env.suite import load_tasks
 from obsspec.models import tiny, warmstart
 from obsspec.models.kit import TRAIN_TASKS, VAL_TASKS, KitPaths
 from obsspec.progress import make_display
-from obsspec.tokens import IM_END, IM_START, ChatFormat, transcript, wm_row
-from obsspec.worldmodel.copies import copy_steps
+from obsspec.tokens import IM_END, IM_START, ChatFormat
+from obsspec.worldmodel.copies import copy_row, copy_steps
 from obsspec.worldmodel.snapshot import snapshot_ids, workspace_texts
 from provenance import emit, stamp
 
@@ -62,18 +62,17 @@ def rows_of(fmt, tasks, texts, layout: str, budget: int, cap: int) -> list[dict]
         for command, output, span in copy_steps(texts[task.task_id]):
             if span not in kept:
                 continue
-            body = chat.format_observation(output, 0, cap=cap)
-            t = transcript(fmt, task.instruction, [(command, body)], done=False)
-            target = fmt.wm_target_ids(body)
-            start = len(t.ids) - len(target) - len(fmt.after_obs_ids)
-            if layout == "snapshot":
-                row = wm_row(snap, t.ids, t.wm_mask)
-                prompt = row["input_ids"][:len(snap) + start]
-            else:  # the span as a system turn between the call and the observation
+            row, body = copy_row(fmt, snap, task.instruction, command, output, cap)
+            # the body's first token: the snapshot, the prompt, the call and the observation's opening
+            start = row["completion_mask"].index(1)
+            prompt = row["input_ids"][:start]
+            if layout == "near":  # no snapshot; the span as a system turn between the call and the observation
                 hint = fmt.encode(f"{IM_START}system\n<workspace>\n{span}</workspace>{IM_END}\n")
-                at = start - len(fmt.obs_prefix_ids)
-                ids = t.ids[:at] + hint + t.ids[at:]
-                row = {"input_ids": ids, "completion_mask": [0] * (at + len(hint)) + list(t.wm_mask[at:])}
+                at = start - len(snap) - len(fmt.obs_prefix_ids)
+                ids = row["input_ids"][len(snap):]
+                ids = ids[:at] + hint + ids[at:]
+                row = {"input_ids": ids, "completion_mask": [0] * (at + len(hint))
+                       + row["completion_mask"][len(snap) + at:]}
                 prompt = ids[:at + len(hint) + len(fmt.obs_prefix_ids)]
             out.append({**row, "prompt": prompt, "body": body, "kind": kind(command)})
     return out

@@ -581,6 +581,11 @@ def test_the_copy_curriculum_trains_the_world_model_on_copies_first_then_goes_on
         suite, dataclasses.replace(cfg, copy_steps=0), SANDBOX, SAMPLING)
     assert kit.kit_key(suite, cfg, SANDBOX, SAMPLING, 384) != kit.kit_key(
         suite, dataclasses.replace(cfg, copy_steps=0), SANDBOX, SAMPLING, 384)
+    seen.clear()  # without generated instances: the train tasks' copies alone
+    kit.build_kit(suite, str(tmp_path / "kit1"), dataclasses.replace(cfg, world_model_tasks=0), SANDBOX, SAMPLING,
+                  NullDisplay(), snapshot_tokens=384)
+    rows = seen["world_model_copies"][2]
+    assert len({tuple(r["input_ids"][:r["input_ids"].index(im_end)]) for r in rows}) == 3
     with pytest.raises(ValueError, match="copy_steps"):
         kit.build_kit(suite, str(tmp_path / "kit2"), cfg, SANDBOX, SAMPLING, NullDisplay())
     with pytest.raises(ConfigError, match="kit.copy_steps.*workspace_snapshot"):

@@ -305,6 +305,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         report["mistakes"] = {**_mistake_stats(mistake_rows), "examples": len(ex), "dropped_too_long": n_dropped,
                               "sec": mistakes_sec}
         wm_train = wm_train + ex
+    extra, extra_texts, extra_snapshots = [], {}, None  # (kit.world_model_tasks)
     if cfg.world_model_tasks:
         t1, ran_sec = time.monotonic(), report.get("world_model_tasks", {}).get("sec")
         extra = _generated(tasks_dir, "world_model_tasks", cfg, sandbox, display, done, episodes)
@@ -341,11 +342,9 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     if cfg.copy_steps:  # the copy curriculum: copy rows alone first, then the real rows
         from obsspec.env.suite import load_tasks
 
-        generated = [t for t, _ in extra] if cfg.world_model_tasks else []
-        texts = {**texts, **extra_texts} if cfg.world_model_tasks else texts
-        snaps = {**snapshots, **(extra_snapshots or {})}
-        copy_train, copy_dropped = _copy_examples(
-            fmt, load_tasks(os.path.join(tasks_dir, TRAIN_TASKS)) + generated, texts, snaps, sandbox, wm_positions)
+        texts, snaps = {**texts, **extra_texts}, {**snapshots, **(extra_snapshots or {})}
+        copy_train, copy_dropped = _copy_examples(fmt, load_tasks(os.path.join(tasks_dir, TRAIN_TASKS))
+                                                  + [t for t, _ in extra], texts, snaps, sandbox, wm_positions)
         copy_val, _ = _copy_examples(fmt, load_tasks(os.path.join(tasks_dir, VAL_TASKS))[:COPY_VAL_TASKS],
                                      texts, snaps, sandbox, wm_positions)
         copies_cfg = dataclasses.replace(cfg.world_model, max_steps=cfg.copy_steps, epochs=float(cfg.copy_steps))
@@ -370,23 +369,21 @@ def _copy_examples(fmt, tasks: list, texts: dict[str, str], snapshots: dict[str,
     """World-model rows of the copy curriculum and how many were too long: per task, up to
     COPIES_PER_TASK commands whose output is a span of its snapshot (the part the budget keeps),
     each as one step after the task's prompt, its observation formatted as the sandbox would."""
-    from obsspec import chat
-    from obsspec.tokens import transcript, wm_row
-    from obsspec.worldmodel.copies import sample_copy_steps
+    from obsspec.worldmodel.copies import copy_row, sample_copy_steps
 
     rows, dropped = [], 0
     for task in tasks:
         snap = snapshots[task.task_id]
         for command, output in sample_copy_steps(texts[task.task_id], fmt.decode(snap), COPIES_PER_TASK,
                                                  task.task_id):
-            body = chat.format_observation(output, 0, cap=sandbox.output_cap)
-            t = transcript(fmt, task.instruction, [(command, body)], done=False)
-            row = wm_row(snap, t.ids, t.wm_mask)
+            row, _ = copy_row(fmt, snap, task.instruction, command, output, sandbox.output_cap)
             if len(row["input_ids"]) > positions:
                 dropped += 1
             else:
                 rows.append(row)
     return rows, dropped
+
+
 # What a kit builds before its world model, none of which reads kit.world_model or the snapshot:
 # the outputs (files and folders) and their figures in kit.json; the policy's rollouts last (the
 # one stage a `before_rollouts` match leaves out).

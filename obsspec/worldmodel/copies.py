@@ -18,6 +18,8 @@ from __future__ import annotations
 import random
 import re
 
+from obsspec import chat
+from obsspec.tokens import transcript, wm_row
 from obsspec.worldmodel.snapshot import LISTING, TRUNCATED
 
 # One line of `ls -l` in the sandbox (C locale, pinned clock): mode, links, owner, group, size,
@@ -91,3 +93,11 @@ def sample_copy_steps(text: str, kept: str, limit: int, seed: str) -> list[tuple
     steps = [(cmd, out) for cmd, out, span in copy_steps(text) if span in kept]
     random.Random(seed).shuffle(steps)
     return steps[:limit]
+
+
+def copy_row(fmt, snapshot_ids, instruction: str, command: str, output: bytes, cap: int) -> tuple[dict, str]:
+    """One copy step as a world-model row (`wm_row`: the snapshot, the task's prompt, the call,
+    then the observation as the sandbox formats it, its body the target), and that body."""
+    body = chat.format_observation(output, 0, cap=cap)
+    t = transcript(fmt, instruction, [(command, body)], done=False)
+    return wm_row(snapshot_ids, t.ids, t.wm_mask), body

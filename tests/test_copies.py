@@ -64,6 +64,13 @@ def test_a_header_inside_contents_does_not_cut_them_short():
     assert steps["cat b.txt"] == b"tail without newline", "render's added newline was kept"
 
 
+def test_a_name_a_command_would_misread_gives_no_row():
+    listing = (".:\ntotal 8\n-rw-r--r-- 1 agent agent 2 Jan  1 00:00 -rf\n"
+               "-rw-r--r-- 1 agent agent 2 Jan  1 00:00 my file\n")
+    steps = [cmd for cmd, _, _ in copy_steps(render({"-rf": "x\n", "my file": "y\n"}, listing))]
+    assert steps == ["ls -l"], "a name read as an option, or split by the shell, made a row"
+
+
 def test_a_cut_or_foreign_text_gives_no_rows():
     files = {"a.txt": "x\n", "b.txt": "y\n"}
     text = render(files, LISTING.format(a=2, b=2))

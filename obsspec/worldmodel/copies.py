@@ -1,7 +1,8 @@
 """Copy rows: commands whose whole output is a span of the task's workspace snapshot, for a
 world model to learn copying before it learns the suite's rows (`kit.copy_steps`).
 
-    steps = copy_steps(snapshot_text)   # [("ls -l data", b"total 8\\n-rw-r--r-- ..."), ("cat data/a.txt", b"...")]
+    steps = copy_steps(snapshot_text)
+    # [("ls -l data", b"total 8\\n-rw-r--r-- ...", "./data:\\ntotal 8\\n..."), ("cat data/a.txt", b"...", ...)]
 
 What `ls -l DIR`, `ls DIR`, `cat FILE` and `head -N FILE` print right after setup is already in
 the snapshot (obsspec/worldmodel/snapshot.py `render`): each directory's block of the `ls -lR`
@@ -27,7 +28,7 @@ from obsspec.worldmodel.snapshot import LISTING, TRUNCATED
 _LINE = re.compile(r"^(?P<mode>[-dlcbps][-rwxsStT]{9}) +\d+ \S+ +\S+ +(?P<size>\d+) "
                    r"[A-Z][a-z]{2} [ \d]\d +(?:\d\d:\d\d|\d{4}) (?P<name>.+)$")
 _SECTION = re.compile(r"\n==> (.+?) <==\n")
-_PLAIN = re.compile(r"[A-Za-z0-9._/+-]+")  # a path no shell quoting changes
+_PLAIN = re.compile(r"[A-Za-z0-9._+][A-Za-z0-9._/+-]*")  # a path no shell quoting changes, not an option
 HEAD_LINES = (3, 5)
 
 
@@ -36,7 +37,7 @@ def copy_steps(text: str) -> list[tuple[str, bytes, str]]:
     byte, in `span` (the directory's block, or the file's section with its header):
     `ls -l DIR` and `ls DIR` per directory of the listing (`ls -l` and `ls` for the top one),
     `cat FILE` and `head -N FILE` per file shown. Empty for a text not in `render`'s layout."""
-    head, sep, rest = text.partition(f"\n$ {LISTING}\n")
+    _, sep, rest = text.partition(f"\n$ {LISTING}\n")
     if not sep:
         return []
     parts = _SECTION.split(rest)

@@ -80,11 +80,10 @@ class KitConfig:
                            "meets. Their text is in the tokenizer's corpus and the world-model base "
                            "learns their observations. 0 = none.")
     copy_steps: int = doc(0, "Optimizer steps the world-model base first spends on copy rows alone: "
-                             "per train task and world_model_tasks instance, "
-                             "a few commands whose whole output is a span of the task's workspace "
-                             "snapshot (`ls -l DIR`, `ls DIR`, `cat FILE`, `head -N FILE`; "
-                             "obsspec/worldmodel/copies.py); its real rows then go on from that "
-                             "model. Needs "
+                             "per train task and world_model_tasks instance, a few commands whose "
+                             "whole output is a span of the task's workspace snapshot (`ls -l DIR`, "
+                             "`ls DIR`, `cat FILE`, `head -N FILE`; obsspec/worldmodel/copies.py); "
+                             "its real rows then go on from that model. Needs "
                              "world_model.workspace_snapshot. At the tiny-cpu world model's size it "
                              "taught only the top folder's listing in the budgets measured "
                              "(docs/WORLDMODEL.md, \"A copy curriculum\"). 0 = none.")

@@ -36,9 +36,11 @@ def snapshot(task) -> str:
                                           ("bulk-rename", 2), ("count-lines", 0)])
 def test_each_copy_is_what_the_command_prints_in_the_sandbox(family, index):
     task = builtin_task(family, index)
-    steps = copy_steps(snapshot(task))
+    text = snapshot(task)
+    steps = copy_steps(text)
     kinds = {cmd.split()[0] + (" -l" if cmd.startswith("ls -l") else "") for cmd, _, _ in steps}
     assert {"ls", "ls -l"} <= kinds, steps
+    assert ("cat" in kinds) == (S.SECTION.split("{}")[0] in text), "files shown, but no cat rows"
     record = asyncio.run(run_scripted(task, [cmd for cmd, _, _ in steps], SANDBOX, verify=False))
     assert len(record.steps) == len(steps)
     for (cmd, out, _), step in zip(steps, record.steps):

@@ -21,13 +21,13 @@ import re
 
 from obsspec import chat
 from obsspec.tokens import transcript, wm_row
-from obsspec.worldmodel.snapshot import LISTING, TRUNCATED
+from obsspec.worldmodel.snapshot import LISTING, SECTION, TRUNCATED
 
 # One line of `ls -l` in the sandbox (C locale, pinned clock): mode, links, owner, group, size,
 # date, name (`name -> target` for a symlink).
 _LINE = re.compile(r"^(?P<mode>[-dlcbps][-rwxsStT]{9}) +\d+ \S+ +\S+ +(?P<size>\d+) "
                    r"[A-Z][a-z]{2} [ \d]\d +(?:\d\d:\d\d|\d{4}) (?P<name>.+)$")
-_SECTION = re.compile(r"\n==> (.+?) <==\n")
+_SECTION = re.compile("(.+?)".join(map(re.escape, SECTION.split("{}"))))
 _PLAIN = re.compile(r"[A-Za-z0-9._+][A-Za-z0-9._/+-]*")  # a path no shell quoting changes, not an option
 HEAD_LINES = (3, 5)
 
@@ -80,7 +80,7 @@ def copy_steps(text: str) -> list[tuple[str, bytes, str]]:
             if not (raw.endswith("\n") and len(data) - 1 == size):
                 continue
             data = data[:-1]
-        span = f"==> {path} <==\n{raw}"
+        span = SECTION.format(path).lstrip("\n") + raw
         steps.append((f"cat {path}", data, span))
         n = HEAD_LINES[len(path) % len(HEAD_LINES)]
         if data.count(b"\n") > n:

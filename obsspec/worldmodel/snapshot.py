@@ -84,6 +84,7 @@ class Workspace:
 
 
 LISTING = "ls -lR"
+SECTION = "\n==> {} <==\n"        # ahead of a small file's contents in the snapshot's text (`render`)
 LISTING_BYTES = 64 * 1024        # listing kept at most (far beyond any token budget allowed)
 
 
@@ -129,7 +130,7 @@ def render(workspace: Workspace, workdir: str) -> str:
     text = f"{workdir} before the first command:\n$ {LISTING}\n{workspace.listing}"
     for e in workspace.entries:
         if e.content is not None:
-            text += f"\n==> {e.path} <==\n{e.content}"
+            text += SECTION.format(e.path) + e.content
             text += "" if e.content.endswith("\n") or not e.content else "\n"
     return text
 

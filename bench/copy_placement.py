@@ -104,6 +104,7 @@ def main() -> None:
     p.add_argument("--snapshot-tokens", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--init", default="", help="start from this model folder instead of a fresh one")
+    p.add_argument("--save", default="", help="keep each layout's trained model in SAVE/LAYOUT (--init takes it)")
     p.add_argument("--out", default="")
     p.add_argument("--plot", default="")
     p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. kit.world_model.num_layers=4")
@@ -127,6 +128,8 @@ def main() -> None:
             stats = warmstart.train(model, tokenizer, [{k: r[k] for k in ("input_ids", "completion_mask")}
                                                        for r in train], [], mcfg, tmp, recipe.kit.seed,
                                     f"copies ({layout})", make_display("plain"), measure_train=False)
+        if args.save:
+            tiny.save(model, tokenizer, os.path.join(args.save, layout))
         result["layouts"][layout] = {"rows": len(train), "tokens_per_row": round(stats["tokens_per_epoch"] / len(train)),
                                      "train_sec": stats["train_sec"], "last_logged_loss": stats["last_logged_loss"],
                                      **exact_by_kind(model, fmt, held)}

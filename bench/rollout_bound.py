@@ -5,7 +5,8 @@
 Reads RUN_DIR's trace-sequential.jsonl and trace-speculative.jsonl (the first pass of each mode)
 and prints, as JSON with its command, commit and date: per turn followed by a generation, the
 mean tool time T, next-generation time G (sequential), world-model draft time W and the share a
-of those turns whose draft matched (skipped and missed ones count as misses), the bound
+of those turns whose draft matched (skipped and missed ones count as misses), W by the draft's
+source (the world model's own, a sibling's result, the history cache, or none: the tool won), the bound
 `sum(a * max(0, min(G, T - W))) / sum(sequential episode latency)` (docs/ROLLOUT.md, "How much
 speculation can save", as bench/rollout_speedup.py computes it), G / T, T / W, and the run's
 measured reduction over its pairs (summary.json).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 
 from provenance import emit, stamp
 from rollout_speedup import Timings, bound
@@ -34,6 +36,17 @@ def timings(path: str) -> tuple[Timings, dict[int, float]]:
     return t, latency
 
 
+def draft_times(t: Timings) -> dict:
+    """W by where each turn's draft came from: `world_model` (its own generation), `sibling` (a
+    wait on another episode's tool), `history` (instant), ...; `outrun` when the tool finished
+    before any draft arrived (W is then the tool's time)."""
+    by: dict[str, list[float]] = {}
+    for k, w in t.wm.items():
+        by.setdefault(t.source.get(k) or "outrun", []).append(w)
+    return {name: {"n": len(xs), "mean": round(statistics.fmean(xs), 4), "median": round(statistics.median(xs), 4)}
+            for name, xs in sorted(by.items())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run_dir")
@@ -47,6 +60,7 @@ def main() -> None:
     result = {**stamp(), "run_dir": args.run_dir, **{k: round(v, 4) for k, v in b.items()},
               "G_over_T": round(b["G"] / b["T"], 3) if b["T"] else None,
               "T_over_W": round(b["T"] / b["W"], 2) if b["W"] else None,
+              "W_by_source": draft_times(spec),
               "measured": {k: summary["comparison"].get(k) for k in (
                   "reduction_per_pair", "mean_latency_reduction", "reduction_ci95", "verdict", "token_identical")}}
     emit(result, args.out)

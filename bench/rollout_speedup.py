@@ -55,6 +55,7 @@ class Timings:
         self.tool: dict = {}
         self.gen: dict = {}
         self.wm: dict = {}
+        self.source: dict = {}  # (episode, turn) -> the draft's source; "" when the tool outran it
         self.matched: set = set()
 
     def __call__(self, e) -> None:
@@ -71,6 +72,7 @@ class Timings:
             self.matched.add(k)
         elif e.kind in ("wm_draft", "exec_won"):
             self.wm[k] = e.t - self.start.pop(e.data["request_id"], e.t)
+            self.source[k] = e.data.get("source", "")
 
 
 def bound(seq: Timings, spec: Timings, seq_latency: dict[int, float], keep: set[int]) -> dict:

@@ -527,3 +527,32 @@ def test_help_ends_with_examples(command):
 def test_simulate_user_errors_are_one_line(args, message):
     r = cli(*args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_the_bound_bench_splits_draft_times_by_where_the_draft_came_from(tmp_path):
+    """bench/rollout_bound.py: W of the world model's own drafts apart from a sibling's wait and
+    from the races the tool won (no draft arrived: W is the tool's time)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from rollout_bound import draft_times, timings
+    from rollout_speedup import Timings
+
+    from obsspec.rollout.events import Event
+
+    t = Timings()
+    for e in [Event("wm_start", 0.0, 0, 0, {"request_id": "a"}), Event("wm_start", 0.0, 1, 0, {"request_id": "b"}),
+              Event("wm_start", 0.5, 2, 0, {"request_id": "c"}),
+              Event("wm_draft", 0.1, 0, 0, {"request_id": "a", "source": "world_model"}),
+              Event("wm_draft", 0.9, 1, 0, {"request_id": "b", "source": "sibling"}),
+              Event("exec_won", 1.7, 2, 0, {"request_id": "c"})]:
+        t(e)
+    got = draft_times(t)
+    assert {k: (v["n"], v["mean"]) for k, v in got.items()} == \
+        {"world_model": (1, 0.1), "sibling": (1, 0.9), "outrun": (1, 1.2)}
+    # a real trace: every draft request is counted once, under its source
+    run = rollout_dir(str(tmp_path / "run"), episodes=4, tool_s=0.2, rollback_every=3)
+    spec, _ = timings(os.path.join(run, "trace-speculative.jsonl"))
+    with open(os.path.join(run, "trace-speculative.jsonl")) as f:
+        starts = sum(json.loads(line)["kind"] == "wm_start" for line in f)
+    got = draft_times(spec)
+    assert sum(v["n"] for v in got.values()) == starts > 0
+    assert "oracle" in got

@@ -7,7 +7,8 @@ The rows are the kit's copy curriculum (obsspec/worldmodel/copies.py: `ls -l DIR
 `cat FILE`, `head -N FILE`, whose whole output is a span of the task's workspace snapshot), of
 every copy step of the suite's train tasks; judged by greedy exact match on those of the first
 `--val` val tasks (`--init MODEL --steps 0` judges a saved model, e.g. a kit's
-`world_model_copies`, without training). Two layouts of the same rows:
+`world_model_copies`, without training; `--judge-train N` also judges the copies of the first N
+train tasks, which it learnt from: copying or memory). Two layouts of the same rows:
 
 - `snapshot`: as the kit lays them out, the whole snapshot (`--snapshot-tokens`) ahead of the
   task's prompt: the model must find the directory's block or the file's section by its path,
@@ -101,6 +102,8 @@ def main() -> None:
     p.add_argument("--layouts", default=",".join(LAYOUTS))
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--val", type=int, default=40, help="val tasks judged")
+    p.add_argument("--judge-train", type=int, default=0,
+                   help="also judge the copies of this many train tasks (learnt rows: copying or memory?)")
     p.add_argument("--snapshot-tokens", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--init", default="", help="start from this model folder instead of a fresh one")
@@ -133,6 +136,10 @@ def main() -> None:
         result["layouts"][layout] = {"rows": len(train), "tokens_per_row": round(stats["tokens_per_epoch"] / len(train)),
                                      "train_sec": stats["train_sec"], "last_logged_loss": stats["last_logged_loss"],
                                      **exact_by_kind(model, fmt, held)}
+        if args.judge_train:
+            seen = rows_of(fmt, train_tasks[:args.judge_train], texts, layout, args.snapshot_tokens,
+                           recipe.sandbox.output_cap)
+            result["layouts"][layout]["train_tasks_judged"] = exact_by_kind(model, fmt, seen)
     emit(result, args.out)
     if args.plot:
         import matplotlib

@@ -6,7 +6,8 @@
 The rows are the kit's copy curriculum (obsspec/worldmodel/copies.py: `ls -l DIR`, `ls DIR`,
 `cat FILE`, `head -N FILE`, whose whole output is a span of the task's workspace snapshot), of
 every copy step of the suite's train tasks; judged by greedy exact match on those of the first
-`--val` val tasks (`--init MODEL --steps 0` judges a saved model, e.g. a kit's
+`--val` val tasks (`--generated N` adds the copies of the kit's first N generated world-model
+instances to learn from; `--init MODEL --steps 0` judges a saved model, e.g. a kit's
 `world_model_copies`, without training; `--judge-train N` also judges the copies of the first N
 train tasks, which it learnt from: copying or memory). Two layouts of the same rows:
 
@@ -37,7 +38,7 @@ from obsspec import chat
 from obsspec.config import load_recipe
 from obsspec.env.suite import load_tasks
 from obsspec.models import tiny, warmstart
-from obsspec.models.kit import TRAIN_TASKS, VAL_TASKS, KitPaths
+from obsspec.models.kit import TRAIN_TASKS, VAL_TASKS, KitPaths, generated_tasks
 from obsspec.progress import make_display
 from obsspec.tokens import IM_END, IM_START, ChatFormat
 from obsspec.worldmodel.copies import copy_row, copy_steps
@@ -102,6 +103,8 @@ def main() -> None:
     p.add_argument("--layouts", default=",".join(LAYOUTS))
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--val", type=int, default=40, help="val tasks judged")
+    p.add_argument("--generated", type=int, default=0,
+                   help="also learn from the copies of this many generated instances (the kit's world_model_tasks)")
     p.add_argument("--judge-train", type=int, default=0,
                    help="also judge the copies of this many train tasks (learnt rows: copying or memory?)")
     p.add_argument("--snapshot-tokens", type=int, default=512)
@@ -118,11 +121,13 @@ def main() -> None:
     fmt = ChatFormat(tokenizer)
     train_tasks = load_tasks(os.path.join(args.tasks, TRAIN_TASKS))
     val_tasks = load_tasks(os.path.join(args.tasks, VAL_TASKS))[:args.val]
-    texts = asyncio.run(workspace_texts(train_tasks + val_tasks, recipe.sandbox, 4))
+    # the same instances, by seed and key, as a kit with kit.world_model_tasks >= N learns from
+    generated = generated_tasks(args.tasks, "world_model_tasks", args.generated, recipe.kit.seed)[0]
+    texts = asyncio.run(workspace_texts(train_tasks + val_tasks + generated, recipe.sandbox, 4))
     mcfg = dataclasses.replace(recipe.kit.world_model, max_steps=args.steps, epochs=float(args.steps))
     result = {**stamp(), "args": vars(args), "shape": dataclasses.asdict(mcfg), "layouts": {}}
     for layout in args.layouts.split(","):
-        train = rows_of(fmt, train_tasks, texts, layout, args.snapshot_tokens, recipe.sandbox.output_cap)
+        train = rows_of(fmt, train_tasks + generated, texts, layout, args.snapshot_tokens, recipe.sandbox.output_cap)
         held = rows_of(fmt, val_tasks, texts, layout, args.snapshot_tokens, recipe.sandbox.output_cap)
         positions = max(len(r["input_ids"]) for r in train + held) + 8
         model = tiny.load_pretrained(args.init)[0] if args.init else \

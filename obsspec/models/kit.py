@@ -493,15 +493,11 @@ GENERATED_PREFIX = {"world_model_tasks": "wm-", "policy_tasks": "pt-"}
 WM_TASK_PREFIX = GENERATED_PREFIX["world_model_tasks"]
 
 
-def _generated(tasks_dir: str, key: str, cfg: KitConfig, sandbox: SandboxConfig, display: Display,
-               done, episodes) -> list[tuple]:
-    """`cfg.<key>` (world_model_tasks or policy_tasks) new instances of the train split's built-in
-    families, seeded apart from the suite by the kit's seed and `key`, each run through its
-    reference solution in a real sandbox: [(task, trajectories.jsonl-like row)] of those that
-    scored 1. An instance equal to a suite task (train or val: held-out tasks are never trained
-    on) or to an earlier one is dropped and counted, as is one whose reference did not score 1.
-    `episodes(name, run)` keeps the rows of a finished batch; `done(key, counts)` reports."""
-    from obsspec.env.episode import run_scripted
+def generated_tasks(tasks_dir: str, key: str, count: int, seed: int) -> tuple[list, list[str], int]:
+    """`count` new instances of the train split's built-in families (`key`: world_model_tasks or
+    policy_tasks), seeded apart from the suite by `seed` and `key`: (tasks, families, duplicates).
+    An instance equal to a suite task (train or val: held-out tasks are never trained on) or to an
+    earlier one is dropped and counted."""
     from obsspec.env.families import all_families
     from obsspec.env.suite import builtin_task, identity, instance_seed, load_tasks
 
@@ -510,18 +506,30 @@ def _generated(tasks_dir: str, key: str, cfg: KitConfig, sandbox: SandboxConfig,
     if not families:
         raise ValueError(f"kit.{key}: {tasks_dir} has no train tasks of a built-in family "
                          "to generate more of (an imported suite has no generators): set it to 0")
-    count = getattr(cfg, key)
-    seed = instance_seed(cfg.seed, f"kit.{key}", 0)
+    instances = instance_seed(seed, f"kit.{key}", 0)
     seen = {identity(t) for t in suite}
     tasks, duplicates = [], 0
     for i in range(count):
-        task = builtin_task(families[i % len(families)], i // len(families), seed)
+        task = builtin_task(families[i % len(families)], i // len(families), instances)
         ident = identity(task)
         if ident in seen:
             duplicates += 1
             continue
         seen.add(ident)
         tasks.append(dataclasses.replace(task, task_id=GENERATED_PREFIX[key] + task.task_id))
+    return tasks, families, duplicates
+
+
+def _generated(tasks_dir: str, key: str, cfg: KitConfig, sandbox: SandboxConfig, display: Display,
+               done, episodes) -> list[tuple]:
+    """`generated_tasks` of `cfg.<key>`, each run through its reference solution in a real
+    sandbox: [(task, trajectories.jsonl-like row)] of those that scored 1 (one whose reference did
+    not is dropped and counted). `episodes(name, run)` keeps the rows of a finished batch;
+    `done(key, counts)` reports."""
+    from obsspec.env.episode import run_scripted
+
+    count = getattr(cfg, key)
+    tasks, families, duplicates = generated_tasks(tasks_dir, key, count, cfg.seed)
 
     async def run() -> list[dict]:
         gate = asyncio.Semaphore(cfg.rollout_workers)

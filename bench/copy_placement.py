@@ -122,7 +122,8 @@ def main() -> None:
     train_tasks = load_tasks(os.path.join(args.tasks, TRAIN_TASKS))
     val_tasks = load_tasks(os.path.join(args.tasks, VAL_TASKS))[:args.val]
     # the same instances, by seed and key, as a kit with kit.world_model_tasks >= N learns from
-    generated = generated_tasks(args.tasks, "world_model_tasks", args.generated, recipe.kit.seed)[0]
+    generated = generated_tasks(args.tasks, "world_model_tasks", args.generated, recipe.kit.seed)[0] \
+        if args.generated else []
     texts = asyncio.run(workspace_texts(train_tasks + val_tasks + generated, recipe.sandbox, 4))
     mcfg = dataclasses.replace(recipe.kit.world_model, max_steps=args.steps, epochs=float(args.steps))
     result = {**stamp(), "args": vars(args), "shape": dataclasses.asdict(mcfg), "layouts": {}}

@@ -6,7 +6,7 @@ Reads RUN_DIR's trace-sequential.jsonl and trace-speculative.jsonl (the first pa
 and prints, as JSON with its command, commit and date: per turn followed by a generation, the
 mean tool time T, next-generation time G (sequential), world-model draft time W and the share a
 of those turns whose draft matched (skipped and missed ones count as misses), W by the draft's
-source (the world model's own, a sibling's result, the history cache, or none: the tool won), the bound
+source (the world model's own, a sibling's result, the history cache; none, or the tool won), the bound
 `sum(a * max(0, min(G, T - W))) / sum(sequential episode latency)` (docs/ROLLOUT.md, "How much
 speculation can save", as bench/rollout_speedup.py computes it), G / T, T / W, and the run's
 measured reduction over its pairs (summary.json).
@@ -38,11 +38,11 @@ def timings(path: str) -> tuple[Timings, dict[int, float]]:
 
 def draft_times(t: Timings) -> dict:
     """W by where each turn's draft came from: `world_model` (its own generation), `sibling` (a
-    wait on another episode's tool), `history` (instant), ...; `outrun` when the tool finished
-    before any draft arrived (W is then the tool's time)."""
+    wait on another episode's tool), `history` (instant), ...; `no_draft` when the predictor had
+    none; `outrun` when the tool finished before any draft arrived (W is then the tool's time)."""
     by: dict[str, list[float]] = {}
     for k, w in t.wm.items():
-        by.setdefault(t.source.get(k) or "outrun", []).append(w)
+        by.setdefault(t.source[k], []).append(w)
     return {name: {"n": len(xs), "mean": round(statistics.fmean(xs), 4), "median": round(statistics.median(xs), 4)}
             for name, xs in sorted(by.items())}
 

@@ -55,7 +55,7 @@ class Timings:
         self.tool: dict = {}
         self.gen: dict = {}
         self.wm: dict = {}
-        self.source: dict = {}  # (episode, turn) -> the draft's source; "" when the tool outran it
+        self.source: dict = {}  # (episode, turn) -> the draft's source, "no_draft" or "outrun" (the tool won)
         self.matched: set = set()
 
     def __call__(self, e) -> None:
@@ -72,7 +72,7 @@ class Timings:
             self.matched.add(k)
         elif e.kind in ("wm_draft", "exec_won"):
             self.wm[k] = e.t - self.start.pop(e.data["request_id"], e.t)
-            self.source[k] = e.data.get("source", "")
+            self.source[k] = "outrun" if e.kind == "exec_won" else e.data.get("source") or "no_draft"
 
 
 def bound(seq: Timings, spec: Timings, seq_latency: dict[int, float], keep: set[int]) -> dict:

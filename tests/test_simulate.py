@@ -540,14 +540,15 @@ def test_the_bound_bench_splits_draft_times_by_where_the_draft_came_from(tmp_pat
 
     t = Timings()
     for e in [Event("wm_start", 0.0, 0, 0, {"request_id": "a"}), Event("wm_start", 0.0, 1, 0, {"request_id": "b"}),
-              Event("wm_start", 0.5, 2, 0, {"request_id": "c"}),
+              Event("wm_start", 0.5, 2, 0, {"request_id": "c"}), Event("wm_start", 0.5, 3, 0, {"request_id": "d"}),
               Event("wm_draft", 0.1, 0, 0, {"request_id": "a", "source": "world_model"}),
               Event("wm_draft", 0.9, 1, 0, {"request_id": "b", "source": "sibling"}),
+              Event("wm_draft", 0.6, 3, 0, {"request_id": "d", "source": "", "drafts": 0}),
               Event("exec_won", 1.7, 2, 0, {"request_id": "c"})]:
         t(e)
     got = draft_times(t)
     assert {k: (v["n"], v["mean"]) for k, v in got.items()} == \
-        {"world_model": (1, 0.1), "sibling": (1, 0.9), "outrun": (1, 1.2)}
+        {"world_model": (1, 0.1), "sibling": (1, 0.9), "no_draft": (1, 0.1), "outrun": (1, 1.2)}
     # a real trace: every draft request is counted once, under its source
     run = rollout_dir(str(tmp_path / "run"), episodes=4, tool_s=0.2, rollback_every=3)
     spec, _ = timings(os.path.join(run, "trace-speculative.jsonl"))

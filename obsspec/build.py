@@ -157,8 +157,8 @@ def predictor_for(recipe: Recipe, fmt, wm_engine, episodes: list[Task],
 
 def world_model_predictor(recipe: Recipe, fmt, wm_engine, adapter: str | None, seed: int):
     """The recipe's world model as a predictor (`adapter`: the loaded adapter's name, or None);
-    with `world_model.workspace_snapshot`, it reads each task's snapshot ahead of the context
-    (`predictor.snapshots.prefixes(trajectories)` gives co-training the same prefixes)."""
+    with `world_model.workspace_snapshot` or `hint_tokens`, it reads each task's `WorldView`
+    (`predictor.snapshots.prefixes(trajectories)` gives co-training the same views)."""
     wm = recipe.world_model
     return WorldModelPredictor(wm_engine, fmt, cap=recipe.sandbox.output_cap, max_tokens=wm.max_tokens,
                                breadth=recipe.rollout.breadth, temperature=wm.temperature,
@@ -166,14 +166,15 @@ def world_model_predictor(recipe: Recipe, fmt, wm_engine, adapter: str | None, s
 
 
 def workspace_snapshots(fmt, recipe: Recipe):
-    """A snapshot builder (`WorkspaceSnapshots`: each task's built once) when the recipe's world
-    model reads a workspace snapshot (`world_model.workspace_snapshot`), else None."""
+    """A builder of each task's `WorldView` (`WorkspaceSnapshots`: each task's built once) when
+    the recipe's world model reads the task's workspace (`world_model.workspace_snapshot`,
+    `world_model.hint_tokens`), else None."""
     wm = recipe.world_model
-    if not wm.workspace_snapshot:
+    if not wm.reads_workspace:
         return None
     from obsspec.worldmodel.snapshot import WorkspaceSnapshots
 
-    return WorkspaceSnapshots(fmt, wm.snapshot_tokens, recipe.sandbox)
+    return WorkspaceSnapshots(fmt, wm.snapshot_budget, recipe.sandbox, wm.hint_tokens)
 
 
 # ---------------------------------------------------------------------------------------------

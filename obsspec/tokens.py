@@ -35,7 +35,7 @@ A `done()` call ends the episode; nothing follows its `<|im_end|>`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from obsspec import chat
@@ -57,6 +57,7 @@ class ChatFormat:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.im_end_id = self._single_token(IM_END)
+        self.im_start_id = self._single_token(IM_START)
         self.obs_prefix_ids = self.encode(OBS_PREFIX)
         self.obs_close_ids = self.encode(chat.OBS_CLOSE)
         self.after_obs_ids = self.encode(AFTER_OBS)
@@ -110,12 +111,27 @@ class ChatFormat:
         return self.observation_ids(chat.error_observation(message))
 
     def wm_prompt_ids(self, history_ids: Sequence[int], action_ids: Sequence[int] = (),
-                      snapshot_ids: Sequence[int] = ()) -> list[int]:
-        """What the world model sees: history + action + the observation opening (after the
-        task's workspace snapshot, when the recipe gives it one). The one construction of the
-        world model's prompt: the scheduler's requests, evaluation cases and (through the same
-        layout, `transcript`) training rows."""
+                      snapshot_ids: WorldView | Sequence[int] = ()) -> list[int]:
+        """What the world model sees: history + action + the observation opening, in the task's
+        `WorldView` (its workspace snapshot ahead, its hints after each call, when the recipe
+        gives them; a plain id sequence is a snapshot alone). The one construction of the world
+        model's prompt: the scheduler's requests, evaluation cases and (through the same layout,
+        `transcript` and `wm_row`) training rows."""
         return wm_context(snapshot_ids, [*history_ids, *action_ids, *self.obs_prefix_ids])
+
+    def calls(self, ids: Sequence[int]) -> list[tuple[int, str]]:
+        """(position right after the action's `<|im_end|>`, the action's text) for every action of
+        `ids` that an observation opening follows: where a hint goes (`WorldView`). Only an
+        action's end is `<|im_end|>` + the opening: environment text never holds the special
+        token (`encode_text`), and a generation ends at its first `<|im_end|>`."""
+        out, n, start = [], len(self.obs_prefix_ids), 0
+        ids = list(ids)
+        for i, t in enumerate(ids):
+            if t == self.im_start_id:
+                start = i + 1
+            elif t == self.im_end_id and ids[i + 1:i + 1 + n] == self.obs_prefix_ids:
+                out.append((i + 1, self.decode(ids[start:i + 1])))
+        return out
 
     # -- the exact-match test -------------------------------------------------------------------
     def draft_observation_ids(self, draft_body: str, cap: int) -> tuple[str, list[int], slice]:
@@ -147,19 +163,50 @@ class ChatFormat:
         return chat.parse_action(self.decode(action_ids))
 
 
-def wm_context(snapshot_ids: Sequence[int], context_ids: Sequence[int]) -> list[int]:
-    """The world model's input: the task's workspace snapshot (obsspec/worldmodel/snapshot.py;
-    empty when `world_model.workspace_snapshot` is off) ahead of the rollout's own token ids.
-    The one construction shared by the rollout's predictor, training rows and evaluation cases;
-    a training row's mask gets `len(snapshot_ids)` zeros in front (the snapshot is never a target)."""
-    return [*snapshot_ids, *context_ids]
+@dataclass(frozen=True)
+class WorldView:
+    """What the world model reads besides the rollout's own ids, for one task: `prefix`, its
+    workspace snapshot ahead of the context (obsspec/worldmodel/snapshot.py; empty when
+    `world_model.workspace_snapshot` is off), and `hint`, command -> ids put right after each
+    bash call of the context (obsspec/worldmodel/hints.py; None when `world_model.hint_tokens` is
+    0). Both are functions of the task's initial workspace and of the ids alone, so a history's
+    layout is the same whenever it is rebuilt: in a draft's prompt and in a training row."""
+
+    prefix: tuple[int, ...] = ()
+    fmt: ChatFormat | None = None
+    hint: Callable[[str], Sequence[int]] | None = None
+
+    def layout(self, ids: Sequence[int], mask: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
+        """`ids` in this view, and `mask` (e.g. a row's `wm_mask`) with 0 on everything added."""
+        ids, mask = list(ids), list(mask) if mask is not None else [0] * len(ids)
+        out_ids, out_mask, at = [*self.prefix], [0] * len(self.prefix), 0
+        if self.hint is not None:
+            for pos, action in self.fmt.calls(ids):
+                parsed = chat.parse_action(action)
+                extra = list(self.hint(parsed.command)) if parsed.kind == "bash" else []
+                out_ids += ids[at:pos] + extra
+                out_mask += mask[at:pos] + [0] * len(extra)
+                at = pos
+        return out_ids + ids[at:], out_mask + mask[at:]
 
 
-def wm_row(snapshot_ids: Sequence[int], ids: Sequence[int], wm_mask: Sequence[int]) -> dict:
+def as_view(view: WorldView | Sequence[int]) -> WorldView:
+    """A `WorldView`; a plain id sequence is a workspace snapshot alone."""
+    return view if isinstance(view, WorldView) else WorldView(tuple(view))
+
+
+def wm_context(view: WorldView | Sequence[int], context_ids: Sequence[int]) -> list[int]:
+    """The world model's input: the rollout's own token ids in the task's `WorldView` (a plain
+    id sequence: the workspace snapshot ahead). The one construction shared by the rollout's
+    predictor, training rows and evaluation cases."""
+    return as_view(view).layout(context_ids)[0]
+
+
+def wm_row(view: WorldView | Sequence[int], ids: Sequence[int], wm_mask: Sequence[int]) -> dict:
     """A world-model SFT row `{"input_ids", "completion_mask"}`: `wm_context` of the ids, loss
-    where `wm_mask` is 1 (never on the snapshot)."""
-    return {"input_ids": wm_context(snapshot_ids, ids),
-            "completion_mask": [0] * len(snapshot_ids) + list(wm_mask)}
+    where `wm_mask` is 1 (never on the snapshot or a hint)."""
+    ids, mask = as_view(view).layout(ids, wm_mask)
+    return {"input_ids": ids, "completion_mask": mask}
 
 
 # ---------------------------------------------------------------------------------------------

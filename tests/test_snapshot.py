@@ -97,20 +97,17 @@ def test_the_listing_is_what_the_agents_own_ls_prints_and_contents_are_the_files
 
 
 class FakeWorldModel(PlainEngine):
-    """Records every request; answers `answers[prompt without the snapshot]` when the prompt
-    starts with the snapshot the task should have, else a wrong body."""
+    """Records every request; answers `answers[prompt]` (a case's prompt in the task's view),
+    else a wrong body."""
 
-    def __init__(self, tok, answers=None, snapshots=None):
-        self.tok, self.answers, self.snapshots = tok, answers or {}, snapshots or {}
+    def __init__(self, tok, answers=None):
+        self.tok, self.answers = tok, answers or {}
         self.prompts: list[tuple[int, ...]] = []
 
     async def generate(self, request):
         prompt = tuple(request.prompt_ids)
         self.prompts.append(prompt)
-        body = "wrong\n(exit_code=0)"
-        for snap in self.snapshots.values():
-            if prompt[:len(snap)] == tuple(snap) and prompt[len(snap):] in self.answers:
-                body = self.answers[prompt[len(snap):]]
+        body = self.answers.get(prompt, "wrong\n(exit_code=0)")
         ids = tuple(self.tok.encode(body + chat.OBS_CLOSE))
         return Generation(request.request_id, ids, (0.0,) * len(ids), "stop")
 
@@ -151,19 +148,26 @@ def rollout(task_list, speculative, predictor=None):
 
 
 @needs_bwrap
-def test_switch_on_is_lossless_and_rows_cases_and_drafts_agree(fmt):
+@pytest.mark.parametrize("budget,hint_tokens", [(400, 0), (0, 256), (400, 256)], ids=["snapshot", "hints", "both"])
+def test_switch_on_is_lossless_and_rows_cases_and_drafts_agree(fmt, budget, hint_tokens):
     ts = tasks(3)
     seq, _ = rollout(ts, speculative=False)
-    answers = {c.prompt_ids: c.body for c in trajectory_cases(fmt, seq)}
-    snaps = S.WorkspaceSnapshots(fmt, 400, SANDBOX)
+    snaps = S.WorkspaceSnapshots(fmt, budget, SANDBOX, hint_tokens)
     table = asyncio.run(snaps.table(ts))
-    wm = FakeWorldModel(fmt.tokenizer, answers, table)
+    # the fake world model knows each real observation by its prompt in the task's view: it hits
+    # only when the rollout asks with exactly the prompt an evaluation case has
+    answers = {c.prompt_ids: c.body for c in trajectory_cases(fmt, seq, table)}
+    wm = FakeWorldModel(fmt.tokenizer, answers)
     spec, rec = rollout(ts, speculative=True, predictor=WorldModelPredictor(wm, fmt, cap=SANDBOX.output_cap,
                                                                              snapshots=snaps))
     assert_lossless(seq, spec)
     assert_accounted(rec)
-    assert rec.kinds()["match"] > 0, "no draft matched: the snapshot did not reach the world model"
-    assert len({tuple(v) for v in table.values()}) == len(ts) and all(len(v) <= 400 for v in table.values())
+    assert rec.kinds()["match"] > 0, "no draft matched: the view did not reach the world model"
+    prefixes = {tid: v.prefix for tid, v in table.items()}
+    if budget:
+        assert len(set(prefixes.values())) == len(ts) and all(0 < len(v) <= 400 for v in prefixes.values())
+    else:
+        assert set(prefixes.values()) == {()}
     # One prompt construction: each training row's target starts right after the very prompt the
     # rollout's world model was given, and each evaluation case has that prompt too.
     rows = trajectory_examples(spec, 10**6, snaps.prefixes(spec))
@@ -175,10 +179,14 @@ def test_switch_on_is_lossless_and_rows_cases_and_drafts_agree(fmt):
         contexts += [tuple(row["input_ids"][:i]) for i in range(1, len(m)) if m[i] and not m[i - 1]]
     assert contexts == [c.prompt_ids for c in cases]
     assert set(contexts) <= set(wm.prompts), "a training context is not what the rollout's world model saw"
-    assert all(c[:len(table[tr.task_id])] == tuple(table[tr.task_id])
+    assert all(c[:len(prefixes[tr.task_id])] == prefixes[tr.task_id]
                for tr in spec for c in [c.prompt_ids for c in trajectory_cases(fmt, [tr], table)])
-    assert all(sum(r["completion_mask"][:len(table[tr.task_id])]) == 0 for r, tr in zip(rows, spec)), \
+    assert all(sum(r["completion_mask"][:len(prefixes[tr.task_id])]) == 0 for r, tr in zip(rows, spec)), \
         "the snapshot became a training target"
+    # every target is the trajectory's own: the view adds context, never loss
+    assert [sum(r["completion_mask"]) for r in rows] == [sum(tr.wm_mask) for tr in spec]
+    hinted = sum(len(r["input_ids"]) - len(tr.ids) - len(prefixes[tr.task_id]) for r, tr in zip(rows, spec))
+    assert (hinted > 0) == bool(hint_tokens), "hints missing from the rows, or there without the switch"
 
 
 def test_rows_without_prefixes_are_as_before(fmt):
@@ -243,7 +251,7 @@ def test_data_finds_the_tasks_and_puts_the_snapshot_ahead_of_rows_and_cases(fmt,
     off, _ = data.examples(fmt, episodes, 10**6)
     on, _ = data.examples(fmt, episodes, 10**6, table)
     for e, x, y in zip(episodes, off, on):
-        prefix = table[e.task_id]
+        prefix = list(table[e.task_id].prefix)
         assert y["input_ids"] == prefix + x["input_ids"], "the snapshot is not ahead of the row"
         assert y["completion_mask"] == [0] * len(prefix) + x["completion_mask"]
     cases_off, _ = data.eval_cases(fmt, episodes)
@@ -251,7 +259,7 @@ def test_data_finds_the_tasks_and_puts_the_snapshot_ahead_of_rows_and_cases(fmt,
     assert len(cases_on) == len(cases_off) == len(a.solution) + 1
     assert all(y.prompt_ids[-len(x.prompt_ids):] == x.prompt_ids and len(y.prompt_ids) > len(x.prompt_ids)
                for x, y in zip(cases_off, cases_on))
-    with pytest.raises(data.DataError, match=f"needs each episode's task, and '{b.task_id}' has none"):
+    with pytest.raises(data.DataError, match=f"need each episode's task, and '{b.task_id}' has none"):
         data.snapshot_table(episodes, {a.task_id: a}, S.WorkspaceSnapshots(fmt, 256, SANDBOX))
     # a second suite prepared with another seed reuses the ids for other tasks: loud, not a mix-up
     other = tmp_path / "other-suite"

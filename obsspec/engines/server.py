@@ -162,9 +162,9 @@ def server_specs(recipe, policy_path: str, wm_path: str) -> list[ServerSpec]:
             recipe.train.policy_lora_rank, processed_logprobs=True, priority=pol.priority_scheduling,
             cpu_core=cores[0], gpus=cfg.policy_gpus, config=cfg))
     if wm.engine == "vllm":
-        # context, snapshot and draft; a model whose positions are not known here gets its own
-        # (a draft past them ends as "length", as on the hf engine)
-        need = pol.max_context + (wm.snapshot_tokens if wm.workspace_snapshot else 0) + wm.max_tokens
+        # context, snapshot, hints and draft; a model whose positions are not known here gets its
+        # own (a draft past them ends as "length", as on the hf engine)
+        need = pol.max_context + wm.extra_tokens(pol.max_turns) + wm.max_tokens
         specs.append(ServerSpec(
             "world_model", wm_path, wm.server_url, wm.device, _within_positions(wm_path, need, unknown=0),
             recipe.wm_train.rank, cpu_core=cores[len(specs) % len(cores)], gpus=cfg.world_model_gpus, config=cfg))

@@ -62,16 +62,19 @@ def suite_hashes(tasks_dir: str) -> dict[str, str | None]:
     return {name: sha(name) for name in SUITE_FILES}
 
 
-def bases_mismatch(manifest: dict, tasks_dir: str, snapshot_tokens: int, max_context: int) -> str | None:
+def bases_mismatch(manifest: dict, tasks_dir: str, snapshot_tokens: int, max_context: int,
+                   hint_tokens: int = 0) -> str | None:
     """Why these bases do not fit a recipe on the suite in `tasks_dir`, or None when they do: the
     same train and val tasks (so no val task was trained on and the policy knows the families),
-    the same world-model snapshot budget, and positions for the policy's context."""
+    the same world-model snapshot and hint budgets, and positions for the policy's context."""
     built = manifest["built_for"]
     if suite_hashes(tasks_dir) != built["suite"]:
         return (f"built for another task suite ({built['tasks']['num_instances']} instances of "
                 f"{', '.join(built['tasks']['families']) or 'all families'}, seed {built['tasks']['seed']})")
     if snapshot_tokens != built["snapshot_tokens"]:
         return f"built with world_model snapshot tokens {built['snapshot_tokens']}, the recipe has {snapshot_tokens}"
+    if hint_tokens != built.get("hint_tokens", 0):
+        return f"built with world_model hint tokens {built.get('hint_tokens', 0)}, the recipe has {hint_tokens}"
     if max_context > built["max_length"]:
         return f"policy.max_context {max_context} exceeds their {built['max_length']} positions"
     return None

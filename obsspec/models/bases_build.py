@@ -32,7 +32,7 @@ def build_bases(recipe, out: str, work: str, display: Display | None = None, com
     from obsspec.rollout.config import sampling
 
     display = display or NullDisplay()
-    snapshot_tokens = recipe.world_model.snapshot_tokens if recipe.world_model.workspace_snapshot else 0
+    snapshot_tokens, hint_tokens = recipe.world_model.snapshot_budget, recipe.world_model.hint_tokens
     tasks_dir = os.path.join(work, "tasks")
     prepared = os.path.join(tasks_dir, "manifest.json")
     if not os.path.exists(prepared):
@@ -43,12 +43,12 @@ def build_bases(recipe, out: str, work: str, display: Display | None = None, com
             raise BasesError(f"{tasks_dir} was prepared with other tasks.* settings than the recipe's: "
                              "give another --work (or remove that folder)")
     settings = sampling(recipe.policy, recipe.rollout.seed)
-    key = kit_key(tasks_dir, recipe.kit, recipe.sandbox, settings, snapshot_tokens)
+    key = kit_key(tasks_dir, recipe.kit, recipe.sandbox, settings, snapshot_tokens, hint_tokens)
     paths = KitPaths.under(os.path.join(work, f"kit-{key[:16]}"))
     if not os.path.exists(paths.report):
         display.log(f"bases: building the models in {paths.root} (resumable: run the same command again)")
         build_kit(tasks_dir, paths.root, recipe.kit, recipe.sandbox, settings, display, snapshot_tokens,
-                  checkpoint_steps=CHECKPOINT_STEPS, reuse_from=work)
+                  checkpoint_steps=CHECKPOINT_STEPS, reuse_from=work, hint_tokens=hint_tokens)
     t0 = time.monotonic()  # the manifest's `evaluate_and_write_sec` (kit.json has the build's)
     quality_path = os.path.join(paths.root, "quality.json")
     if not os.path.exists(quality_path):
@@ -90,7 +90,8 @@ def _manifest(recipe, paths, tasks_dir: str, snapshot_tokens: int, quality: dict
         "format": MANIFEST_FORMAT,
         "command": command,
         "built_for": {"suite": suite_hashes(tasks_dir), "tasks": suite["tasks"],
-                      "snapshot_tokens": snapshot_tokens, "max_length": recipe.kit.max_length},
+                      "snapshot_tokens": snapshot_tokens, "max_length": recipe.kit.max_length,
+                      **({"hint_tokens": recipe.world_model.hint_tokens} if recipe.world_model.hint_tokens else {})},
         "inputs": {"kit": dataclasses.asdict(recipe.kit), "sandbox": dataclasses.asdict(recipe.sandbox),
                    "policy": dataclasses.asdict(recipe.policy), "suite_sha256": suite["sha256"],
                    "suite_counts": suite["counts"], "families": suite["families"]},

@@ -84,7 +84,7 @@ class KitConfig:
                              "whole output is a span of the task's workspace snapshot (`ls -l DIR`, "
                              "`ls DIR`, `cat FILE`, `head -N FILE`; obsspec/worldmodel/copies.py); "
                              "its real rows then go on from that model. Needs "
-                             "world_model.workspace_snapshot. At the tiny-cpu world model's size it "
+                             "world_model.workspace_snapshot or world_model.hint_tokens. At the tiny-cpu world model's size it "
                              "taught only the top folder's listing in the budgets measured "
                              "(docs/WORLDMODEL.md, \"A copy curriculum\"). 0 = none.")
     world_model: TinyModelConfig = doc(

@@ -83,8 +83,8 @@ class KitPaths:
 
 
 def kit_key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling,
-            snapshot_tokens: int = 0) -> str:
-    return _digest(_key(tasks_dir, cfg, sandbox, sampling, snapshot_tokens))
+            snapshot_tokens: int = 0, hint_tokens: int = 0) -> str:
+    return _digest(_key(tasks_dir, cfg, sandbox, sampling, snapshot_tokens, hint_tokens))
 
 
 def stages_keys(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling) -> dict[str, str]:
@@ -101,7 +101,8 @@ def stages_keys(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling
     return keys
 
 
-def _key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling, snapshot_tokens: int) -> dict:
+def _key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampling, snapshot_tokens: int,
+         hint_tokens: int = 0) -> dict:
     corpus = {name: _sha256(os.path.join(tasks_dir, name))
               for name in ((TRAJECTORIES, TRAIN_TASKS) if cfg.rollouts else (TRAJECTORIES,))}
     # The policy's rollouts depend on how it samples and on the sandbox it runs in.
@@ -117,7 +118,10 @@ def _key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampl
     if snapshot_tokens:  # (absent when off: kits built before the switch keep their key)
         key["snapshot_tokens"] = snapshot_tokens
         key["snapshot_format"] = SNAPSHOT_FORMAT
-    if snapshot_tokens or cfg.world_model_tasks or cfg.policy_tasks or cfg.mistakes:  # these run the suite's tasks in sandboxes
+    if hint_tokens:  # (absent when off, likewise)
+        key["hint_tokens"] = hint_tokens
+        key["snapshot_format"] = SNAPSHOT_FORMAT
+    if snapshot_tokens or hint_tokens or cfg.world_model_tasks or cfg.policy_tasks or cfg.mistakes:  # these run the suite's tasks in sandboxes
         key["sandbox"] = dataclasses.asdict(sandbox)
         key["tasks"] = {name: _sha256(os.path.join(tasks_dir, name)) for name in (TRAIN_TASKS, VAL_TASKS)
                         if os.path.exists(os.path.join(tasks_dir, name))}
@@ -140,13 +144,15 @@ def kit_for(recipe, tasks_dir: str, display: Display | None = None, cache_dir: s
     from obsspec.rollout.config import sampling
 
     wm = recipe.world_model
-    snapshot_tokens = wm.snapshot_tokens if wm.workspace_snapshot and wm.model == "tiny" else 0
+    snapshot_tokens = wm.snapshot_budget if wm.model == "tiny" else 0
+    hint_tokens = wm.hint_tokens if wm.model == "tiny" else 0
     display = display or NullDisplay()
     if recipe.kit.bases:
         from obsspec.models.bases import bases_dir, bases_mismatch, read_manifest
 
         root = bases_dir(recipe.kit.bases)
-        why = bases_mismatch(read_manifest(root), tasks_dir, snapshot_tokens, recipe.policy.max_context)
+        why = bases_mismatch(read_manifest(root), tasks_dir, snapshot_tokens, recipe.policy.max_context,
+                             hint_tokens)
         if why is None:
             display.log(f"tiny models: the pretrained bases at {root}")
             return KitPaths.under(root)
@@ -154,20 +160,22 @@ def kit_for(recipe, tasks_dir: str, display: Display | None = None, cache_dir: s
                     "building the kit")
     return ensure_kit(tasks_dir, recipe.rollout.kit_cache if cache_dir is None else cache_dir, recipe.kit,
                       recipe.sandbox, sampling(recipe.policy, recipe.rollout.seed), display,
-                      snapshot_tokens=snapshot_tokens)
+                      snapshot_tokens=snapshot_tokens, hint_tokens=hint_tokens)
 
 
 def ensure_kit(tasks_dir: str, cache_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
-               sampling: Sampling, display: Display | None = None, snapshot_tokens: int = 0) -> KitPaths:
+               sampling: Sampling, display: Display | None = None, snapshot_tokens: int = 0,
+               hint_tokens: int = 0) -> KitPaths:
     """The kit for this suite and config: from the cache, or built now (minutes on 2 CPU cores).
     `snapshot_tokens` > 0: the world-model base learns with each task's workspace snapshot (of
-    that many tokens at most) ahead of its rows."""
+    that many tokens at most) ahead of its rows; `hint_tokens` > 0: with the workspace hints
+    after each call (obsspec/worldmodel/hints.py)."""
     display = display or NullDisplay()
     if not os.path.exists(os.path.join(tasks_dir, TRAJECTORIES)):
         from obsspec.env.suite import TaskNotFound  # a user error: the CLI prints one line
 
         raise TaskNotFound(f"{tasks_dir}: no {TRAJECTORIES} (run `obsspec prepare-tasks` first)")
-    key = kit_key(tasks_dir, cfg, sandbox, sampling, snapshot_tokens)
+    key = kit_key(tasks_dir, cfg, sandbox, sampling, snapshot_tokens, hint_tokens)
     paths = KitPaths.under(os.path.join(cache_dir, f"kit-{key[:16]}"))
     if os.path.exists(paths.report):
         display.log(f"tiny model kit: cached at {paths.root}")
@@ -175,7 +183,8 @@ def ensure_kit(tasks_dir: str, cache_dir: str, cfg: KitConfig, sandbox: SandboxC
     os.makedirs(cache_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".building-", dir=cache_dir)
     try:
-        build_kit(tasks_dir, tmp, cfg, sandbox, sampling, display, snapshot_tokens, reuse_from=cache_dir)
+        build_kit(tasks_dir, tmp, cfg, sandbox, sampling, display, snapshot_tokens, reuse_from=cache_dir,
+                  hint_tokens=hint_tokens)
         try:
             os.rename(tmp, paths.root)
         except OSError:  # another process finished the same kit first: theirs is as good
@@ -193,7 +202,7 @@ def read_trajectories(tasks_dir: str) -> list[dict]:
 
 def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
               sampling: Sampling, display: Display, snapshot_tokens: int = 0, checkpoint_steps: int = 0,
-              reuse_from: str = "") -> dict:
+              reuse_from: str = "", hint_tokens: int = 0) -> dict:
     """Train tokenizer, policy and world-model base into `out_dir`; return (and write) the report.
 
     Each stage's output lands in `out_dir` when the stage is done (the tokenizer, each model, the
@@ -209,10 +218,12 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     from obsspec.models import tiny, warmstart
     from obsspec.models.tokenizer import corpus_texts, train_tokenizer
     from obsspec.tokens import ChatFormat
-    from obsspec.worldmodel.snapshot import snapshot_ids
+    from obsspec.worldmodel.snapshot import world_view
 
-    if cfg.copy_steps and not snapshot_tokens:
-        raise ValueError("kit.copy_steps needs the world model's workspace snapshot (snapshot_tokens > 0)")
+    reads_workspace = bool(snapshot_tokens or hint_tokens)
+    if cfg.copy_steps and not reads_workspace:
+        raise ValueError("kit.copy_steps needs the world model's workspace snapshot or hints "
+                         "(snapshot_tokens or hint_tokens > 0)")
     t0 = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
     paths = KitPaths.under(out_dir)
@@ -244,7 +255,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     # policy) is the same with and without them, so switching the world model's snapshot on
     # retrains the world model only. A listing in a snapshot and in an observation has the
     # same tokens either way.
-    texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers)) if snapshot_tokens else {}
+    texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers)) if reads_workspace else {}
     # With mistakes on, the error messages are in the corpus too: `No such file or directory` is
     # then a few tokens, not a dozen fragments the world model must spell out one by one.
     t1 = time.monotonic()
@@ -287,17 +298,19 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     val_ex, _ = warmstart.examples(fmt, val_rows, "policy", cfg.max_length)
     policy = train("policy", cfg.policy, train_ex, val_ex, dropped, paths.policy, cfg.max_length)
 
-    def snapshot_table(texts: dict[str, str]) -> dict[str, list[int]]:
-        return {tid: snapshot_ids(fmt, text, snapshot_tokens) for tid, text in texts.items()}
+    def snapshot_table(texts: dict[str, str]) -> dict:  # task_id -> tokens.WorldView
+        return {tid: world_view(fmt, text, snapshot_tokens, hint_tokens) for tid, text in texts.items()}
 
-    snapshots = snapshot_table(texts) if snapshot_tokens else None
-    if snapshots is not None:
+    snapshots = snapshot_table(texts) if reads_workspace else None
+    if snapshot_tokens:
         report["workspace_snapshot"] = {"tokens": snapshot_tokens, "tasks": len(snapshots),
-                                        "mean_tokens": round(sum(map(len, snapshots.values()))
+                                        "mean_tokens": round(sum(len(v.prefix) for v in snapshots.values())
                                                              / max(len(snapshots), 1), 1)}
-    # The world model reads the snapshot ahead of the policy's whole context: its positions are
-    # the policy's plus the snapshot's budget.
-    wm_positions = cfg.max_length + snapshot_tokens
+    if hint_tokens:
+        report["workspace_hints"] = {"tokens": hint_tokens, "tasks": len(snapshots)}
+    # The world model reads the snapshot ahead of the policy's whole context, and a hint after
+    # each call: its positions are the policy's plus the snapshot's budget and HINTED_CALLS hints'.
+    wm_positions = cfg.max_length + snapshot_tokens + HINTED_CALLS * hint_tokens
     wm_train, dropped = warmstart.examples(fmt, train_rows, "world_model", wm_positions, snapshots)
     wm_val, _ = warmstart.examples(fmt, val_rows, "world_model", wm_positions, snapshots)
     if mistake_rows:
@@ -310,8 +323,8 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         t1, ran_sec = time.monotonic(), report.get("world_model_tasks", {}).get("sec")
         extra = _generated(tasks_dir, "world_model_tasks", cfg, sandbox, display, done, episodes)
         extra_texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers,
-                                                  [t for t, _ in extra])) if snapshot_tokens else {}
-        extra_snapshots = snapshot_table(extra_texts) if snapshot_tokens else None
+                                                  [t for t, _ in extra])) if reads_workspace else {}
+        extra_snapshots = snapshot_table(extra_texts) if reads_workspace else None
         extra_rows = [row for _, row in extra]
         if cfg.mistakes:
             extra_rows += episodes("world_model_tasks_mistakes", lambda: _run_apart(
@@ -358,24 +371,26 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     return report
 
 
+HINTED_CALLS = 4                     # calls whose hints a world model's positions have room for
 PARTIAL_REPORT = "kit.partial.json"  # the report of a build in progress (kit.json once it is done)
 COPIES_MODEL = "world_model_copies"  # the world model after its copy curriculum (kit.copy_steps)
 COPIES_PER_TASK = 4                  # copy rows drawn per task
 COPY_VAL_TASKS = 100                 # val tasks whose copy rows give the curriculum's eval loss
 
 
-def _copy_examples(fmt, tasks: list, texts: dict[str, str], snapshots: dict[str, list[int]],
+def _copy_examples(fmt, tasks: list, texts: dict[str, str], snapshots: dict,
                    sandbox: SandboxConfig, positions: int) -> tuple[list[dict], int]:
     """World-model rows of the copy curriculum and how many were too long: per task, up to
     COPIES_PER_TASK commands whose output is a span of its snapshot (the part the budget keeps),
-    each as one step after the task's prompt, its observation formatted as the sandbox would."""
+    each as one step after the task's prompt, its observation formatted as the sandbox would.
+    `snapshots`: task_id -> `tokens.WorldView`; with a snapshot, only spans its budget keeps."""
     from obsspec.worldmodel.copies import copy_row, sample_copy_steps
 
     rows, dropped = [], 0
     for task in tasks:
-        snap = snapshots[task.task_id]
-        for command, output in sample_copy_steps(texts[task.task_id], fmt.decode(snap), COPIES_PER_TASK,
-                                                 task.task_id):
+        snap, text = snapshots[task.task_id], texts[task.task_id]
+        kept = fmt.decode(snap.prefix) if snap.prefix else text
+        for command, output in sample_copy_steps(text, kept, COPIES_PER_TASK, task.task_id):
             row, _ = copy_row(fmt, snap, task.instruction, command, output, sandbox.output_cap)
             if len(row["input_ids"]) > positions:
                 dropped += 1

@@ -75,6 +75,12 @@ class WorldModelConfig:
                                           "and evaluation alike; drafts are still verified exactly.")
     snapshot_tokens: int = doc(512, "Token budget of the workspace snapshot (cut with a marker); "
                                     "the world model then reads up to this + policy.max_context.")
+    hint_tokens: int = doc(0, "After each bash call in the world model's context, a system turn "
+                              "with the spans of the task's initial workspace that the command "
+                              "names (a folder's `ls -l` block, a file's contents), at most this "
+                              "many tokens each; 0 = off. In rollouts, training rows and "
+                              "evaluation alike; drafts are still verified exactly "
+                              "(docs/WORLDMODEL.md, \"Workspace hints\").")
     prompt_lookup: int = doc(0, "hf engine: each decode pass of a greedy draft also verifies up to "
                                 "this many tokens proposed from its own context (the tokens after "
                                 "the latest earlier occurrence of its last 1-3 tokens: a listing "
@@ -105,6 +111,23 @@ class WorldModelConfig:
         if not 64 <= self.snapshot_tokens <= 32768:
             raise ValueError(f"world_model.snapshot_tokens must be between 64 and 32768 "
                              f"(got {self.snapshot_tokens})")
+        if self.hint_tokens and not 64 <= self.hint_tokens <= 32768:
+            raise ValueError(f"world_model.hint_tokens must be 0 (off) or between 64 and 32768 "
+                             f"(got {self.hint_tokens})")
+
+    @property
+    def snapshot_budget(self) -> int:
+        """The snapshot's tokens ahead of the context (0 when off)."""
+        return self.snapshot_tokens if self.workspace_snapshot else 0
+
+    @property
+    def reads_workspace(self) -> bool:
+        """Whether the world model reads the task's initial workspace (a snapshot or hints)."""
+        return self.workspace_snapshot or self.hint_tokens > 0
+
+    def extra_tokens(self, calls: int) -> int:
+        """Most tokens the snapshot and the hints add to a context of `calls` bash calls."""
+        return self.snapshot_budget + calls * self.hint_tokens
 
     @property
     def hf_options(self) -> dict:

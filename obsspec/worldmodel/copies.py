@@ -37,14 +37,39 @@ def copy_steps(text: str) -> list[tuple[str, bytes, str]]:
     byte, in `span` (the directory's block, or the file's section with its header):
     `ls -l DIR` and `ls DIR` per directory of the listing (`ls -l` and `ls` for the top one),
     `cat FILE` and `head -N FILE` per file shown. Empty for a text not in `render`'s layout."""
+    steps: list[tuple[str, bytes, str]] = []
+    folders, files = _parse(text)
+    for folder, (span, body, names) in folders.items():
+        target = f" {folder}" if folder else ""
+        steps.append((f"ls -l{target}", body.encode(), span))
+        if all(_PLAIN.fullmatch(n) for n in names):
+            steps.append((f"ls{target}", "".join(n + "\n" for n in names).encode(), span))
+    for path, (span, data) in files.items():
+        steps.append((f"cat {path}", data, span))
+        n = HEAD_LINES[len(path) % len(HEAD_LINES)]
+        if data.count(b"\n") > n:
+            steps.append((f"head -{n} {path}", b"".join(data.splitlines(keepends=True)[:n]), span))
+    return steps
+
+
+def spans(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The rendered snapshot `text` by path: (folder -> its block of the `ls -lR` listing, "" for
+    the top one; file -> its section, header and contents). Only what `copy_steps` trusts: both
+    empty for a text not in `render`'s layout or with a cut listing."""
+    folders, files = _parse(text)
+    return {k: v[0] for k, v in folders.items()}, {k: v[0] for k, v in files.items()}
+
+
+def _parse(text: str) -> tuple[dict[str, tuple[str, str, list[str]]], dict[str, tuple[str, bytes]]]:
+    """(folder -> (span, `ls -l` body, names), file -> (span, contents as `cat` prints them))."""
     _, sep, rest = text.partition(f"\n$ {LISTING}\n")
     if not sep:
-        return []
+        return {}, {}
     parts = _SECTION.split(rest)
     listing, sections = parts[0], list(zip(parts[1::2], parts[2::2]))
     if listing.endswith(TRUNCATED.lstrip("\n")):
-        return []
-    steps: list[tuple[str, bytes, str]] = []
+        return {}, {}
+    folders: dict[str, tuple[str, str, list[str]]] = {}
     sizes: dict[str, int] = {}
     for block in listing.split("\n\n"):
         header, _, body = block.partition(":\n")
@@ -65,12 +90,9 @@ def copy_steps(text: str) -> list[tuple[str, bytes, str]]:
             names.append(name)
             if m["mode"].startswith("-"):
                 sizes[f"{folder}/{name}" if folder else name] = int(m["size"])
-        target = f" {folder}" if folder else ""
         body = body.rstrip("\n") + "\n"
-        span = f"{header}:\n{body}"
-        steps.append((f"ls -l{target}", body.encode(), span))
-        if all(_PLAIN.fullmatch(n) for n in names):
-            steps.append((f"ls{target}", "".join(n + "\n" for n in names).encode(), span))
+        folders[folder] = (f"{header}:\n{body}", body, names)
+    files: dict[str, tuple[str, bytes]] = {}
     for path, raw in sections:
         data = raw.encode()
         size = sizes.get(path)
@@ -80,12 +102,8 @@ def copy_steps(text: str) -> list[tuple[str, bytes, str]]:
             if not (raw.endswith("\n") and len(data) - 1 == size):
                 continue
             data = data[:-1]
-        span = SECTION.format(path).lstrip("\n") + raw
-        steps.append((f"cat {path}", data, span))
-        n = HEAD_LINES[len(path) % len(HEAD_LINES)]
-        if data.count(b"\n") > n:
-            steps.append((f"head -{n} {path}", b"".join(data.splitlines(keepends=True)[:n]), span))
-    return steps
+        files[path] = (SECTION.format(path).lstrip("\n") + raw, data)
+    return folders, files
 
 
 def sample_copy_steps(text: str, kept: str, limit: int, seed: str) -> list[tuple[str, bytes]]:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from obsspec.env.task import Task
 from obsspec.rollout.trajectory import Trajectory
 from obsspec.worldmodel.config import WorldModelError
+from obsspec.tokens import wm_context
 
 
 class DataError(WorldModelError):
@@ -123,9 +124,10 @@ def split_by_task(episodes: list[Episode], eval_fraction: float, seed: int
 
 
 def examples(fmt, episodes: list[Episode], max_length: int,
-             snapshots: dict[str, list[int]] | None = None) -> tuple[list[dict], dict]:
+             snapshots: dict | None = None) -> tuple[list[dict], dict]:
     """SFT rows {"input_ids", "completion_mask"} and counts (too long, without a target, duplicates).
-    `snapshots`: task_id -> workspace snapshot ids, ahead of every row of that task."""
+    `snapshots`: task_id -> the task's `tokens.WorldView` (its snapshot ahead of every row of that
+    task, its hints after each call)."""
     from obsspec.models.warmstart import examples as reference_examples
     from obsspec.models.warmstart import trajectory_examples
 
@@ -135,9 +137,9 @@ def examples(fmt, episodes: list[Episode], max_length: int,
         if e.reference is not None:
             got, dropped = reference_examples(fmt, [e.reference], "world_model", max_length, snapshots)
         else:
-            prefix = snapshots[e.task_id] if snapshots is not None else []
-            got = trajectory_examples([e.trajectory], max_length, [prefix])
-            dropped = int(len(prefix) + len(e.trajectory.ids) > max_length)
+            view = snapshots[e.task_id] if snapshots is not None else ()
+            dropped = int(len(wm_context(view, e.trajectory.ids)) > max_length)
+            got = trajectory_examples([e.trajectory], max_length, [view])
         counts["too_long"] += dropped
         counts["no_target"] += int(not got and not dropped)
         for row in got:
@@ -203,15 +205,15 @@ def source_tasks(paths: list[str] | tuple[str, ...]) -> dict[str, Task]:
     return tasks
 
 
-def snapshot_table(episodes: list[Episode], tasks: dict[str, Task], snapshots) -> dict[str, list[int]]:
-    """task_id -> workspace snapshot ids for every task of `episodes`, from `snapshots` (a
+def snapshot_table(episodes: list[Episode], tasks: dict[str, Task], snapshots) -> dict:
+    """task_id -> `tokens.WorldView` for every task of `episodes`, from `snapshots` (a
     `WorkspaceSnapshots`: a task it has built is not built again); DataError if one of them has
     no task to take the workspace from."""
     import asyncio
 
     missing = sorted({e.task_id for e in episodes} - set(tasks))
     if missing:
-        raise DataError(f"world_model.workspace_snapshot needs each episode's task, and {missing[0]!r} has "
+        raise DataError(f"world_model.workspace_snapshot and hint_tokens need each episode's task, and {missing[0]!r} has "
                         "none next to its data (a suite's train/val.jsonl or a rollout run's episodes.jsonl)")
     needed = [tasks[t] for t in sorted({e.task_id for e in episodes})]
     return asyncio.run(snapshots.table(needed))

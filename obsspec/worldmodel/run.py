@@ -64,7 +64,7 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
     episodes = data.load_episodes(sources) if not eval_only else []
     eval_episodes = data.load_episodes(eval_sources)
     # The sources' tasks (their workspaces), read before the kit: a task id naming two tasks is refused now.
-    snapshot_on = recipe.world_model.workspace_snapshot
+    snapshot_on = recipe.world_model.reads_workspace
     train_tasks = data.source_tasks(sources) if snapshot_on and not eval_only else None
     eval_tasks = data.source_tasks(eval_sources) if snapshot_on else None
 

@@ -31,6 +31,7 @@ from obsspec.worldmodel.snapshot import snapshot_ids
 _RECURSIVE = {"find", "du", "tree", "grep", "rgrep"}
 _RECURSIVE_FLAGS = ("-R", "-r", "--recursive")
 _LISTS = {"ls", "find", "du", "tree"}  # with no folder named, these look at the working folder
+_PATTERN_OPTIONS = {"-name", "-iname", "-path", "-ipath", "-regex", "-e", "--include", "--exclude"}
 
 
 def hint_text(command: str, folders: dict[str, str], files: dict[str, str]) -> str:
@@ -53,15 +54,15 @@ def hint_text(command: str, folders: dict[str, str], files: dict[str, str]) -> s
                 named.append(folders[f])
 
     looked = False
-    for word in words[1:]:
-        if word.startswith("-") or word in ("|", "&&", "||", ";", ">", ">>", "<"):
+    for before, word in zip(words, words[1:]):
+        if word.startswith("-") or word in ("|", "&&", "||", ";", ">", ">>", "<") or before in _PATTERN_OPTIONS:
             continue
         path = _relative(word)
         if path is None:
             continue
         if any(c in path for c in "*?["):
             for f in sorted(files):
-                if fnmatch.fnmatchcase(f, path) and files[f] not in named:
+                if _glob(f, path) and files[f] not in named:
                     named.append(files[f])
             continue
         if path in folders:
@@ -72,6 +73,12 @@ def hint_text(command: str, folders: dict[str, str], files: dict[str, str]) -> s
     if not looked and words[0] in _LISTS and not named:
         folder("")
     return "".join(named)
+
+
+def _glob(path: str, pattern: str) -> bool:
+    """Whether the shell's glob `pattern` names `path` (a `*` never crosses a `/`)."""
+    parts, pats = path.split("/"), pattern.split("/")
+    return len(parts) == len(pats) and all(fnmatch.fnmatchcase(p, q) for p, q in zip(parts, pats))
 
 
 def _relative(word: str) -> str | None:

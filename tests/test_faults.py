@@ -22,6 +22,7 @@ from obsspec.env import podman
 from obsspec.env.sandbox import SandboxConfig, SandboxError
 from obsspec.env.task import Task
 from obsspec.rollout.events import EventBus
+from obsspec.rollout.metrics import SpecMetrics
 from obsspec.rollout.predictors import Base, Draft, WorldModelPredictor
 from obsspec.rollout.scheduler import Sampling, Scheduler
 from obsspec.rollout.tools import EmulatedLatency, SandboxTool, ToolResult
@@ -299,6 +300,12 @@ def test_a_world_model_prompt_past_its_positions_gets_no_draft_and_the_episode_g
     traj = asyncio.run(sched.run_episode(TASK, 0, FakeTool(delay=0.05), speculative=True))
     assert traj.reward == 1.0 and traj.infra_error == "" and Engine.calls == 3
     events.check_accounting()
+    # counted, and not as a draft that never closed
+    metrics = SpecMetrics()
+    for e in events:
+        metrics(e)
+    summary = metrics.summary()
+    assert summary["spec/wm_prompt_too_long"] == 3 and summary["spec/wm_drafts_unusable"] == 0
 
 
 def test_a_bug_of_ours_is_raised_not_excluded():

@@ -35,6 +35,8 @@
 - spec/policy_tokens_discarded  tokens of cancelled speculative policy generations
 - spec/wm_tokens_total, spec/wm_tokens_matched
 - spec/wm_drafts_unusable       world-model generations that never closed the observation
+- spec/wm_prompt_too_long       world-model prompts longer than its positions (history, snapshot
+                                and hints): no draft, never a miss
 - latency_saved_sec, latency_saved_frac
                                 the time speculation hid (= spec/overlap_sec: generation that ran
                                 while the tool ran, which a sequential rollout waits for) and its
@@ -101,6 +103,7 @@ class SpecMetrics:
         self.wm_tokens_total = 0
         self.wm_tokens_matched = 0
         self.wm_drafts_unusable = 0
+        self.wm_prompt_too_long = 0          # draft requests the engine refused as too long
         self.arrived_unusable = 0            # predictions that arrived with nothing usable
         self.in_time_by_source = Counter()   # draft source -> arrivals before the tool (as drafts_in_time)
         self.matches_by_source = Counter()
@@ -160,6 +163,7 @@ class SpecMetrics:
         elif e.kind == "wm_draft":
             self.wm_tokens_total += d["tokens"]
             self.wm_drafts_unusable += d.get("unusable", 0)
+            self.wm_prompt_too_long += d.get("too_long", 0)
             if d["drafts"] == 0 and d.get("unusable", 0):
                 self.arrived_unusable += 1
                 self.in_time_by_source[_source(d)] += 1
@@ -260,6 +264,7 @@ class SpecMetrics:
             "spec/wm_tokens_total": self.wm_tokens_total,
             "spec/wm_tokens_matched": self.wm_tokens_matched,
             "spec/wm_drafts_unusable": self.wm_drafts_unusable,
+            "spec/wm_prompt_too_long": self.wm_prompt_too_long,
             "spec/requests": {f"{role}/{outcome}": n for (role, outcome), n in sorted(self.outcomes.items())},
         }
 

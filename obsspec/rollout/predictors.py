@@ -59,6 +59,9 @@ class Draft:
     # the world model's probability of its own draft (exp of the summed token logprobs), for
     # the gate's calibration; None for replayed observations
     confidence: float | None = None
+    # the engine refused the prompt as longer than the model's positions (no draft, counted
+    # apart from unusable ones: spec/wm_prompt_too_long)
+    too_long: bool = False
 
 
 class Predictor(Protocol):
@@ -295,9 +298,9 @@ class WorldModelPredictor(Base):
         except BaseExceptionGroup as eg:
             if isinstance(eg.exceptions[0], PromptTooLong):
                 # The history may fill the policy's context, and the world model's prompt adds
-                # the observation opening (and the snapshot): no room, no draft (taken for a bug
-                # of ours, this ended a training run).
-                return []
+                # the observation opening (and the snapshot and hints): no room, no draft (taken
+                # for a bug of ours, this ended a training run), counted.
+                return [Draft(None, too_long=True)]
             raise eg.exceptions[0] from None  # the first failure, as the scheduler expects it
         generations = [t.result() for t in tasks]
         # A generation that never closed the observation (hit max_tokens, or stopped on a bare

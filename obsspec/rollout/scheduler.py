@@ -326,7 +326,8 @@ class Scheduler:
         drafts = self._distinct(raw)
         tokens = sum(d.tokens for d in raw)
         self.bus.emit("wm_draft", episode, turn, request_id=wm_id, drafts=len(drafts), tokens=tokens,
-                      unusable=sum(1 for d in raw if d.body is None), source=raw[0].source if raw else "")
+                      unusable=sum(1 for d in raw if d.body is None and not d.too_long),
+                      too_long=sum(1 for d in raw if d.too_long), source=raw[0].source if raw else "")
         self._end(wm_id, "wm", "committed", episode, turn, tokens=tokens)
         specs = []
         cls = program_class(request.commands[-1])

@@ -35,6 +35,7 @@ ROWS = [  # (label, key, as percentage)
     ("committed work delayed by speculation", "committed_delay_frac", True),
     ("arrived, all drafts unusable", "spec/unusable_frac", True),
     ("drafts unusable (never closed)", "spec/wm_drafts_unusable", False),
+    ("world-model prompts too long (no draft)", "spec/wm_prompt_too_long", False),
     ("draft time, mean (s)", "spec/wm_sec_mean", False),
     ("tool time, mean (s)", "tool_sec_mean", False),
     ("tool / draft time", "spec/wm_tool_ratio", False),

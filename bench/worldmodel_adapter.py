@@ -199,7 +199,7 @@ def main(argv=None) -> None:
     variants = ["off", "on"] if args.snapshot == "both" else [args.snapshot]
     table = None
     if "on" in variants:
-        from obsspec.worldmodel.snapshot import WorkspaceSnapshots
+        from obsspec.worldmodel.views import WorkspaceSnapshots
 
         tasks = {t.task_id: t for t in load_tasks(args.tasks)}  # train.jsonl + val.jsonl
         t0 = time.monotonic()

@@ -39,7 +39,7 @@ from obsspec.models.kit import KitPaths, read_trajectories
 from obsspec.rollout.trajectory import Trajectory
 from obsspec.tokens import ChatFormat, transcript, wm_row
 from obsspec.progress import make_display
-from obsspec.worldmodel.snapshot import WorkspaceSnapshots
+from obsspec.worldmodel.views import WorkspaceSnapshots
 
 
 def read_trajectory_file(path: str) -> list[Trajectory]:

@@ -172,7 +172,7 @@ def workspace_snapshots(fmt, recipe: Recipe):
     wm = recipe.world_model
     if not wm.reads_workspace:
         return None
-    from obsspec.worldmodel.snapshot import WorkspaceSnapshots
+    from obsspec.worldmodel.views import WorkspaceSnapshots
 
     return WorkspaceSnapshots(fmt, wm.snapshot_budget, recipe.sandbox, wm.hint_tokens)
 

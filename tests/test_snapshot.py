@@ -35,6 +35,7 @@ from obsspec.rollout.scheduler import Sampling, Scheduler
 from obsspec.rollout.tools import EmulatedLatency, SandboxTool
 from obsspec.tokens import ChatFormat
 from obsspec.worldmodel import snapshot as S
+from obsspec.worldmodel.views import WorkspaceSnapshots
 from test_rollout import COMMANDS, SANDBOX, Recording, assert_accounted, assert_lossless, tasks
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -121,7 +122,7 @@ def test_prefix_reaches_the_request_when_on_and_not_when_off(fmt):
     asyncio.run(WorldModelPredictor(off, fmt, cap=512).predict(request))
     assert off.prompts == [context], "with the switch off the request is not the context itself"
     on = FakeWorldModel(fmt.tokenizer)
-    snaps = S.WorkspaceSnapshots(fmt, 300, SANDBOX)
+    snaps = WorkspaceSnapshots(fmt, 300, SANDBOX)
     asyncio.run(WorldModelPredictor(on, fmt, cap=512, snapshots=snaps).predict(request))
     expected = asyncio.run(S.workspace_snapshot(task, fmt, 300, SANDBOX))
     assert on.prompts == [tuple(expected) + context], "the snapshot is not ahead of the context"
@@ -152,7 +153,7 @@ def rollout(task_list, speculative, predictor=None):
 def test_switch_on_is_lossless_and_rows_cases_and_drafts_agree(fmt, budget, hint_tokens):
     ts = tasks(3)
     seq, _ = rollout(ts, speculative=False)
-    snaps = S.WorkspaceSnapshots(fmt, budget, SANDBOX, hint_tokens)
+    snaps = WorkspaceSnapshots(fmt, budget, SANDBOX, hint_tokens)
     table = asyncio.run(snaps.table(ts))
     # the fake world model knows each real observation by its prompt in the task's view: it hits
     # only when the rollout asks with exactly the prompt an evaluation case has
@@ -247,7 +248,7 @@ def test_data_finds_the_tasks_and_puts_the_snapshot_ahead_of_rows_and_cases(fmt,
     episodes = data.load_episodes(sources)
     tasks = data.source_tasks(sources)
     assert set(tasks) == {a.task_id, b.task_id}
-    table = data.snapshot_table(episodes, tasks, S.WorkspaceSnapshots(fmt, 256, SANDBOX))
+    table = data.snapshot_table(episodes, tasks, WorkspaceSnapshots(fmt, 256, SANDBOX))
     off, _ = data.examples(fmt, episodes, 10**6)
     on, _ = data.examples(fmt, episodes, 10**6, table)
     for e, x, y in zip(episodes, off, on):
@@ -260,7 +261,7 @@ def test_data_finds_the_tasks_and_puts_the_snapshot_ahead_of_rows_and_cases(fmt,
     assert all(y.prompt_ids[-len(x.prompt_ids):] == x.prompt_ids and len(y.prompt_ids) > len(x.prompt_ids)
                for x, y in zip(cases_off, cases_on))
     with pytest.raises(data.DataError, match=f"need each episode's task, and '{b.task_id}' has none"):
-        data.snapshot_table(episodes, {a.task_id: a}, S.WorkspaceSnapshots(fmt, 256, SANDBOX))
+        data.snapshot_table(episodes, {a.task_id: a}, WorkspaceSnapshots(fmt, 256, SANDBOX))
     # a second suite prepared with another seed reuses the ids for other tasks: loud, not a mix-up
     other = tmp_path / "other-suite"
     other.mkdir()

@@ -218,7 +218,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     from obsspec.models import tiny, warmstart
     from obsspec.models.tokenizer import corpus_texts, train_tokenizer
     from obsspec.tokens import ChatFormat
-    from obsspec.worldmodel.snapshot import world_view
+    from obsspec.worldmodel.views import world_view
 
     reads_workspace = bool(snapshot_tokens or hint_tokens)
     if cfg.copy_steps and not reads_workspace:

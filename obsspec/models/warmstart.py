@@ -43,7 +43,7 @@ def examples(fmt: ChatFormat, trajectories: Iterable[dict], target: str,
 
     A trajectory longer than `max_length` tokens is dropped rather than cut: a cut sequence would
     teach the policy half an action, or the world model half an observation. `snapshots`
-    (world model only): task_id -> workspace snapshot ids, put ahead of each row (`wm_row`).
+    (world model only): task_id -> the task's `tokens.WorldView` or snapshot ids (`wm_row`).
     """
     if target not in ("policy", "world_model"):
         raise ValueError(f"target must be 'policy' or 'world_model', not {target!r}")
@@ -67,8 +67,8 @@ def trajectory_examples(trajectories: Iterable[Any], max_length: int,
     """World-model rows from rollouts (obsspec.rollout.trajectory.Trajectory): the rollout's own
     token ids, loss on its observation bodies + closing tags (`wm_mask`; error observations of
     malformed calls carry none). Longer than `max_length` or without a target: left out.
-    `prefixes`: one workspace snapshot per trajectory (`WorkspaceSnapshots.prefixes`), put
-    ahead of its row, when the recipe's world model reads one."""
+    `prefixes`: one `tokens.WorldView` (or snapshot ids) per trajectory
+    (`WorkspaceSnapshots.prefixes`), when the recipe's world model reads the workspace."""
     trajectories = list(trajectories)
     prefixes = list(prefixes) if prefixes is not None else [()] * len(trajectories)
     if len(prefixes) != len(trajectories):

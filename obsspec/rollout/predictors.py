@@ -262,8 +262,9 @@ class WithHistory:
 
 
 class WorldModelPredictor(Base):
-    """`snapshots` (obsspec/worldmodel/snapshot.py `WorkspaceSnapshots`, or None): put the task's
-    workspace snapshot ahead of the context (`wm_context`), as training rows have it."""
+    """`snapshots` (obsspec/worldmodel/views.py `WorkspaceSnapshots`, or None): read the context
+    in the task's `WorldView` (its workspace snapshot ahead, its hints after each call;
+    `wm_context`), as training rows have it."""
 
     name = "world_model"
 

@@ -111,6 +111,9 @@ def test_a_recipe_uses_the_bases_only_on_the_suite_they_were_built_for(tmp_path,
     snapshot = load_recipe(None, [f"kit.bases={root}", "world_model.workspace_snapshot=true",
                                       "policy.max_context=1024"])
     assert kit.kit_for(snapshot, suite, display) == "kit" and "snapshot tokens 0" in logged[-1]
+    hinted = load_recipe(None, [f"kit.bases={root}", "world_model.hint_tokens=128", "policy.max_context=1024"])
+    assert kit.kit_for(hinted, suite, display) == "kit" and "hint tokens 0, the recipe has 128" in logged[-1]
+    assert built[-1] and kit.kit_for(load_recipe(None, [f"kit.bases={root}"]), suite) == kit.KitPaths.under(root)
     assert bases.bases_mismatch(bases.read_manifest(root), suite, 0, 4096).startswith("policy.max_context 4096")
     assert kit.kit_for(load_recipe(None, []), suite) == "kit", "no kit.bases: always the kit"
 

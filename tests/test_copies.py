@@ -89,3 +89,7 @@ def test_sampling_keeps_what_the_budget_keeps_and_is_reproducible():
     assert {cmd for cmd, _ in picked} == {"ls -l", "ls", "cat a.txt"}
     assert picked == sample_copy_steps(text, kept, 10, "t1")
     assert len(sample_copy_steps(text, text, 2, "t1")) == 2
+    assert len(sample_copy_steps(text, text, None, "t1")) == len(copy_steps(text)) == 4
+    # a hint's budget: a function of the command and its span says what is shown whole
+    picked = sample_copy_steps(text, lambda cmd, span: cmd.startswith("cat"), None, "t1")
+    assert sorted(cmd for cmd, _ in picked) == ["cat a.txt", "cat b.txt"]

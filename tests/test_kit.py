@@ -562,7 +562,7 @@ def test_the_copy_curriculum_trains_the_world_model_on_copies_first_then_goes_on
     val_task = builtin_task("dir-stats", 3)
     val_prefix = asyncio.run(snapshot.workspace_snapshot(val_task, fmt, 384, SANDBOX))
     # (a budget that cuts a snapshot keeps fewer rows: only copies of what it shows)
-    assert 0 < len(rows) <= (3 + 2) * kit.COPIES_PER_TASK and 0 < len(val_rows) <= kit.COPIES_PER_TASK
+    assert 0 < len(rows) <= (3 + 2) * cfg.copies_per_task and 0 < len(val_rows) <= cfg.copies_per_task
     im_end = tok.convert_tokens_to_ids("<|im_end|>")  # (the snapshot is the first turn)
     snapshots = {tuple(r["input_ids"][:r["input_ids"].index(im_end)]) for r in rows}
     assert len(snapshots) == 3 + 2, "copies of the 3 train tasks and the 2 generated instances"
@@ -589,7 +589,27 @@ def test_the_copy_curriculum_trains_the_world_model_on_copies_first_then_goes_on
     with pytest.raises(ValueError, match="copy_steps"):
         kit.build_kit(suite, str(tmp_path / "kit2"), cfg, SANDBOX, SAMPLING, NullDisplay())
     with pytest.raises(ConfigError, match="kit.copy_steps.*workspace_snapshot"):
-        load_recipe("recipes/tiny-cpu.yaml", ["kit.copy_steps=5", "world_model.workspace_snapshot=false"])
+        load_recipe("recipes/tiny-cpu.yaml", ["kit.copy_steps=5", "world_model.workspace_snapshot=false",
+                                              "world_model.hint_tokens=0"])
+    # with hints instead of a snapshot, and every copy step of each task: the span the target
+    # copies is the hint right after the call
+    seen.clear()
+    every = dataclasses.replace(cfg, world_model_tasks=0, copies_per_task=0)
+    kit.build_kit(suite, str(tmp_path / "kit3"), every, SANDBOX, SAMPLING, NullDisplay(), hint_tokens=256)
+    rows = seen["world_model_copies"][2]
+    assert len(rows) > 3 * cfg.copies_per_task, "copies_per_task 0 did not take every copy step"
+    for row in rows:
+        ids, mask = row["input_ids"], row["completion_mask"]
+        start = mask.index(1)
+        body = fmt.decode(ids[start:start + sum(mask)]).split("\n(exit_code=0)")[0].rstrip("\n")
+        before = fmt.decode(ids[:start])
+        hint = before[before.rindex("</tool_call><|im_end|>"):]
+        assert hint.startswith("</tool_call><|im_end|><|im_start|>system\n<workspace>\n"), hint[:80]
+        assert body in hint or all(f" {name}\n" in hint for name in body.split("\n")), body
+        assert before.count("<workspace>") == 1, "a snapshot ahead, or more than the call's hint"
+    assert kit.kit_key(suite, every, SANDBOX, SAMPLING, 0, 256) != kit.kit_key(
+        suite, dataclasses.replace(every, copies_per_task=4), SANDBOX, SAMPLING, 0, 256) != kit.kit_key(
+        suite, every, SANDBOX, SAMPLING, 0, 0)
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")

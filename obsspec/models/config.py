@@ -87,6 +87,10 @@ class KitConfig:
                              "world_model.workspace_snapshot or world_model.hint_tokens. At the tiny-cpu world model's size it "
                              "taught only the top folder's listing in the budgets measured "
                              "(docs/WORLDMODEL.md, \"A copy curriculum\"). 0 = none.")
+    copies_per_task: int = doc(4, "Copy rows of the copy curriculum per task and generated instance, "
+                                  "drawn at random from its copy steps; 0 = all of them (~9 a "
+                                  "workspace: more distinct files to copy, which is what teaches "
+                                  "copying rather than memory; docs/WORLDMODEL.md).")
     world_model: TinyModelConfig = doc(
         TinyModelConfig(epochs=4.0, max_steps=150),
         "The world-model base (pre-trained to write real observations; loss on body + closing tag).")
@@ -94,7 +98,7 @@ class KitConfig:
     def __post_init__(self) -> None:
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes + special tokens), got {self.vocab_size}")
-        for name in ("rollouts", "world_model_tasks", "policy_tasks", "mistakes", "copy_steps"):
+        for name in ("rollouts", "world_model_tasks", "policy_tasks", "mistakes", "copy_steps", "copies_per_task"):
             if getattr(self, name) < 0:
                 raise ValueError(f"kit.{name} must be >= 0, got {getattr(self, name)}")
         if self.rollout_workers < 1:

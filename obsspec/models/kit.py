@@ -97,6 +97,7 @@ def stages_keys(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling
         key = _key(tasks_dir, c, sandbox, sampling, 0)
         del key["config"]["world_model"]
         key["config"].pop("copy_steps", None)
+        key["config"].pop("copies_per_task", None)
         keys[name] = _digest({**key, "stages": name})
     return keys
 
@@ -111,7 +112,7 @@ def _key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampl
     config = dataclasses.asdict(cfg)
     del config["bases"]  # where to find pretrained bases, not what a kit is built from
     for name, off in (("world_model_tasks", 0), ("policy_tasks", 0), ("mistakes", 0), ("digits_per_token", 1),
-                      ("copy_steps", 0)):
+                      ("copy_steps", 0), ("copies_per_task", 4)):
         if config[name] == off:  # (absent when off: older kits keep their key)
             del config[name]
     key = {"format": KIT_FORMAT, "config": config, "corpus": corpus, "rollouts": rollouts}
@@ -356,10 +357,12 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         from obsspec.env.suite import load_tasks
 
         texts, snaps = {**texts, **extra_texts}, {**snapshots, **(extra_snapshots or {})}
+        per_task = cfg.copies_per_task or None  # (0: all of a task's copy steps)
         copy_train, copy_dropped = _copy_examples(fmt, load_tasks(os.path.join(tasks_dir, TRAIN_TASKS))
-                                                  + [t for t, _ in extra], texts, snaps, sandbox, wm_positions)
+                                                  + [t for t, _ in extra], texts, snaps, sandbox, wm_positions,
+                                                  per_task)
         copy_val, _ = _copy_examples(fmt, load_tasks(os.path.join(tasks_dir, VAL_TASKS))[:COPY_VAL_TASKS],
-                                     texts, snaps, sandbox, wm_positions)
+                                     texts, snaps, sandbox, wm_positions, per_task)
         copies_cfg = dataclasses.replace(cfg.world_model, max_steps=cfg.copy_steps, epochs=float(cfg.copy_steps))
         wm_init = train("world_model_copies", copies_cfg, copy_train, copy_val, copy_dropped,
                         os.path.join(out_dir, COPIES_MODEL), wm_positions)
@@ -374,23 +377,24 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
 HINTED_CALLS = 4                     # calls whose hints a world model's positions have room for
 PARTIAL_REPORT = "kit.partial.json"  # the report of a build in progress (kit.json once it is done)
 COPIES_MODEL = "world_model_copies"  # the world model after its copy curriculum (kit.copy_steps)
-COPIES_PER_TASK = 4                  # copy rows drawn per task
 COPY_VAL_TASKS = 100                 # val tasks whose copy rows give the curriculum's eval loss
 
 
 def _copy_examples(fmt, tasks: list, texts: dict[str, str], snapshots: dict,
-                   sandbox: SandboxConfig, positions: int) -> tuple[list[dict], int]:
+                   sandbox: SandboxConfig, positions: int, per_task: int | None) -> tuple[list[dict], int]:
     """World-model rows of the copy curriculum and how many were too long: per task, up to
-    COPIES_PER_TASK commands whose output is a span of its snapshot (the part the budget keeps),
+    `per_task` (None: all) commands whose output is a span of its snapshot (the part the budget keeps),
     each as one step after the task's prompt, its observation formatted as the sandbox would.
-    `snapshots`: task_id -> `tokens.WorldView`; with a snapshot, only spans its budget keeps."""
+    `snapshots`: task_id -> `tokens.WorldView`; only spans it shows whole."""
     from obsspec.worldmodel.copies import copy_row, sample_copy_steps
 
     rows, dropped = [], 0
     for task in tasks:
         snap, text = snapshots[task.task_id], texts[task.task_id]
-        kept = fmt.decode(snap.prefix) if snap.prefix else text
-        for command, output in sample_copy_steps(text, kept, COPIES_PER_TASK, task.task_id):
+        # the span must be shown whole: in the part of the snapshot its budget keeps, else in the
+        # call's hint (within its budget)
+        kept = fmt.decode(snap.prefix) if snap.prefix else lambda cmd, span: span in fmt.decode(snap.hint(cmd))
+        for command, output in sample_copy_steps(text, kept, per_task, task.task_id):
             row, _ = copy_row(fmt, snap, task.instruction, command, output, sandbox.output_cap)
             if len(row["input_ids"]) > positions:
                 dropped += 1

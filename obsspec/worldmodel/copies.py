@@ -106,10 +106,13 @@ def _parse(text: str) -> tuple[dict[str, tuple[str, str, list[str]]], dict[str, 
     return folders, files
 
 
-def sample_copy_steps(text: str, kept: str, limit: int, seed: str) -> list[tuple[str, bytes]]:
-    """At most `limit` (command, output) pairs of `copy_steps(text)` whose span lies wholly in
-    `kept` (the part of the snapshot a token budget keeps), drawn reproducibly from `seed`."""
-    steps = [(cmd, out) for cmd, out, span in copy_steps(text) if span in kept]
+def sample_copy_steps(text: str, kept, limit: int | None, seed: str) -> list[tuple[str, bytes]]:
+    """At most `limit` (None: all) (command, output) pairs of `copy_steps(text)` whose span is
+    shown whole: lies in `kept` (the part of the snapshot a token budget keeps), or, when `kept`
+    is a function of (command, span), where it says so (a hint's budget); drawn reproducibly
+    from `seed`."""
+    shown = kept if callable(kept) else (lambda command, span: span in kept)
+    steps = [(cmd, out) for cmd, out, span in copy_steps(text) if shown(cmd, span)]
     random.Random(seed).shuffle(steps)
     return steps[:limit]
 

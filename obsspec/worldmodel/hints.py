@@ -2,14 +2,16 @@
 names, for the world model to copy from right where it writes (`world_model.hint_tokens`).
 
     hint = command_hints(fmt, snapshot_text, budget=256)   # command -> ids (empty: nothing named)
-    hint("cat data/a.txt")   # ids of "<|im_start|>system\\n<workspace>\\ndata/a.txt <==\\n...</workspace><|im_end|>\\n"
+    hint("cat data/a.txt")   # ids of "<|im_start|>system\\n<workspace>\\n==> data/a.txt <==\\n...</workspace><|im_end|>\\n"
 
 A tiny world model learns to copy a span placed next to the call, but not to find it in a whole
 snapshot ahead of the context (docs/BENCHMARKS.md, "World model"). The spans are those of the
 rendered snapshot (obsspec/worldmodel/snapshot.py `render`, parsed by `copies.spans`): a
 folder's block of the `ls -lR` listing for a folder the command names (the top folder for a bare
 `ls`, every folder below it too for a recursive command), a file's section for a file it names,
-globs matched against the workspace's paths. A hint is a pure function of the command and the
+globs matched against the workspace's paths. Paths are read from the task's working folder: after
+an earlier `cd`, a relative path names what it named before (a hint may then show the wrong
+span, never a wrong observation). A hint is a pure function of the command and the
 task's initial workspace, so the same hints are rebuilt after every past call of a history, in
 training rows and in drafts alike (`tokens.WorldView`). It shows the workspace as it was before
 the first command: a file the episode has changed no longer matches its hint, which the world
@@ -85,7 +87,7 @@ def _relative(word: str) -> str | None:
     """A word as a path relative to the working folder ("" for it), or None for one outside it."""
     if word.startswith(("/", "~", "$")):
         return None
-    path = word.rstrip("/") if word not in ("/",) else word
+    path = word.rstrip("/")
     while path.startswith("./"):
         path = path[2:]
     return "" if path in (".", "") else path

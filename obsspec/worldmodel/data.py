@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from obsspec.env.task import Task
 from obsspec.rollout.trajectory import Trajectory
+from obsspec.tokens import wm_row
 from obsspec.worldmodel.config import WorldModelError
-from obsspec.tokens import wm_context
 
 
 class DataError(WorldModelError):
@@ -129,7 +129,6 @@ def examples(fmt, episodes: list[Episode], max_length: int,
     `snapshots`: task_id -> the task's `tokens.WorldView` (its snapshot ahead of every row of that
     task, its hints after each call)."""
     from obsspec.models.warmstart import examples as reference_examples
-    from obsspec.models.warmstart import trajectory_examples
 
     rows, seen = [], set()
     counts = {"episodes": len(episodes), "too_long": 0, "no_target": 0, "duplicates": 0}
@@ -137,9 +136,12 @@ def examples(fmt, episodes: list[Episode], max_length: int,
         if e.reference is not None:
             got, dropped = reference_examples(fmt, [e.reference], "world_model", max_length, snapshots)
         else:
-            view = snapshots[e.task_id] if snapshots is not None else ()
-            dropped = int(len(wm_context(view, e.trajectory.ids)) > max_length)
-            got = trajectory_examples([e.trajectory], max_length, [view])
+            # one layout (hints are rebuilt from the ids) serves the length check and the row,
+            # kept as `trajectory_examples` keeps rows: within max_length, with a target
+            row = wm_row(snapshots[e.task_id] if snapshots is not None else (), e.trajectory.ids,
+                         e.trajectory.wm_mask)
+            dropped = int(len(row["input_ids"]) > max_length)
+            got = [row] if not dropped and any(row["completion_mask"]) else []
         counts["too_long"] += dropped
         counts["no_target"] += int(not got and not dropped)
         for row in got:

@@ -40,9 +40,9 @@ from obsspec.env.suite import load_tasks
 from obsspec.models import tiny, warmstart
 from obsspec.models.kit import TRAIN_TASKS, VAL_TASKS, KitPaths, generated_tasks
 from obsspec.progress import make_display
-from obsspec.tokens import IM_END, IM_START, ChatFormat
+from obsspec.tokens import ChatFormat, WorldView
 from obsspec.worldmodel.copies import copy_row, copy_steps
-from obsspec.worldmodel.snapshot import snapshot_ids, workspace_texts
+from obsspec.worldmodel.snapshot import MAX_TOKENS, snapshot_ids, workspace_texts
 from provenance import emit, stamp
 
 LAYOUTS = ("snapshot", "near")
@@ -64,18 +64,13 @@ def rows_of(fmt, tasks, texts, layout: str, budget: int, cap: int) -> list[dict]
         for command, output, span in copy_steps(texts[task.task_id]):
             if span not in kept:
                 continue
-            row, body = copy_row(fmt, snap, task.instruction, command, output, cap)
-            # the body's first token: the snapshot, the prompt, the call and the observation's opening
-            start = row["completion_mask"].index(1)
-            prompt = row["input_ids"][:start]
-            if layout == "near":  # no snapshot; the span as a system turn between the call and the observation
-                hint = fmt.encode(f"{IM_START}system\n<workspace>\n{span}</workspace>{IM_END}\n")
-                at = start - len(snap) - len(fmt.obs_prefix_ids)
-                ids = row["input_ids"][len(snap):]
-                ids = ids[:at] + hint + ids[at:]
-                row = {"input_ids": ids, "completion_mask": [0] * (at + len(hint))
-                       + row["completion_mask"][len(snap) + at:]}
-                prompt = ids[:at + len(hint) + len(fmt.obs_prefix_ids)]
+            # near: no snapshot; the step's span right after the call, as a workspace hint is laid
+            # out (tokens.WorldView), with no budget to cut it
+            view = snap if layout == "snapshot" else \
+                WorldView((), fmt, lambda _command, span=span: snapshot_ids(fmt, span, MAX_TOKENS))
+            row, body = copy_row(fmt, view, task.instruction, command, output, cap)
+            # the body's first token: what the world model reads up to the observation's opening
+            prompt = row["input_ids"][:row["completion_mask"].index(1)]
             out.append({**row, "prompt": prompt, "body": body, "kind": kind(command)})
     return out
 

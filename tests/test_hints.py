@@ -162,6 +162,8 @@ def test_recipe_key_and_bases_fit(tmp_path):
     load_recipe(None, ["kit.copy_steps=10", "world_model.hint_tokens=128"])  # copies need a snapshot or hints
     with pytest.raises(ConfigError, match="copy_steps"):
         load_recipe(None, ["kit.copy_steps=10"])
+    with pytest.raises(ConfigError, match="kit.copies_per_task must be >= 0, got -1"):
+        load_recipe(None, ["kit.copies_per_task=-1"])
     # bases built without hints do not serve a recipe with them, nor the other way round
     (tmp_path / "train.jsonl").write_text("{}\n")
     (tmp_path / "val.jsonl").write_text("{}\n")

@@ -19,11 +19,18 @@ tokens: a listing line shrinks from ~34 tokens to ~11, and the name of the previ
 clue to which line comes next, since every line starts alike) sits ~7 tokens back instead of ~17.
 Prints one JSON line per evaluation and the whole result at the end; `--plot` draws exact match
 against steps for both arms.
+
+`--judge-suite TASKS` also judges each arm's model on the same layout holding the suite's own
+listings: each `ls -l DIR` of a top-level folder in the workspaces of the first 40 val tasks of a
+prepared suite (obsspec/worldmodel/copies.py), the folder's own name in place of `data`. A model
+that copies does as well there; one that has learnt the probe's names does not. With `--init
+MODEL --steps 0` a saved model is judged without training.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -37,9 +44,13 @@ from transformers import AutoTokenizer
 from obsspec import chat
 from obsspec.config import load_recipe
 from obsspec.env.families._text_helpers import FILE_STEMS
+from obsspec.env.suite import load_tasks
 from obsspec.models import tiny
-from obsspec.models.kit import KitPaths
+from obsspec.models.kit import VAL_TASKS, KitPaths
 from obsspec.tokens import IM_END, IM_START, OBS_PREFIX
+from obsspec.worldmodel.copies import copy_steps
+from obsspec.worldmodel.snapshot import workspace_texts
+from provenance import emit, stamp
 
 WORDS = ("app config data main notes schema summary todo server backup test error access audit build "
          "cache debug events index jobs metrics queue report sync trace users worker alpha beta gamma delta").split()
@@ -80,19 +91,37 @@ def listing(rng: random.Random, names: str = "words") -> tuple[str, int]:
     return "\n".join(lines) + "\n", len(files)
 
 
-def snapshot_text(block: str, n: int) -> str:
-    """The world model's workspace snapshot of /app holding only data/ with this listing."""
+def snapshot_text(block: str, n: int, folder: str = "data") -> str:
+    """The world model's workspace snapshot of /app holding only `folder`/ with this listing."""
     return (f"{IM_START}system\n<workspace>\n/app before the first command:\n$ ls -lR\n.:\ntotal 0\n"
-            f"drwxr-xr-x 2 agent agent {40 + 20 * n} Jan  1 00:00 data\n\n./data:\n{block}</workspace>{IM_END}\n")
+            f"drwxr-xr-x 2 agent agent {40 + 20 * n} Jan  1 00:00 {folder}\n\n./{folder}:\n{block}"
+            f"</workspace>{IM_END}\n")
+
+
+def row(tok, block: str, folder: str = "data") -> tuple[list[int], list[int], str]:
+    """(prompt ids, target ids, the body a hit must equal) of `ls -l folder` printing `block`."""
+    snapshot = snapshot_text(block, block.count("\n") - 1, folder)
+    prompt = snapshot + f"{IM_START}assistant\n" + chat.render_bash(f"ls -l {folder}") + IM_END + OBS_PREFIX
+    body = block + "\n(exit_code=0)"
+    return tok.encode(prompt), tok.encode(body + chat.OBS_CLOSE), body
 
 
 def example(tok, rng: random.Random, names: str = "words") -> tuple[list[int], list[int], str]:
-    """(prompt ids, target ids, the body a hit must equal)."""
-    block, n = listing(rng, names)
-    snapshot = snapshot_text(block, n)
-    prompt = snapshot + f"{IM_START}assistant\n" + chat.render_bash("ls -l data") + IM_END + OBS_PREFIX
-    body = block + "\n(exit_code=0)"
-    return tok.encode(prompt), tok.encode(body + chat.OBS_CLOSE), body
+    return row(tok, listing(rng, names)[0])
+
+
+def suite_listings(tasks_dir: str, sandbox, val: int = 40) -> list[tuple[str, str]]:
+    """(block, folder): `ls -l DIR` of each top-level folder of the first `val` val tasks'
+    workspaces, as the sandbox prints it."""
+    tasks = load_tasks(os.path.join(tasks_dir, VAL_TASKS))[:val]
+    texts = asyncio.run(workspace_texts(tasks, sandbox, 4))
+    out = []
+    for task in tasks:
+        for command, output, _span in copy_steps(texts[task.task_id]):
+            words = command.split()
+            if words[:2] == ["ls", "-l"] and len(words) == 3 and "/" not in words[2]:
+                out.append((output.decode(), words[2]))
+    return out
 
 
 def exact(model, tok, held) -> float:
@@ -107,7 +136,7 @@ def exact(model, tok, held) -> float:
 
 
 def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed: int, save: str = "",
-              names: str = "words") -> dict:
+              names: str = "words", init: str = "", suite: tuple = ()) -> dict:
     tok = AutoTokenizer.from_pretrained(KitPaths.under(kit).tokenizer)
     if arm == "plain" and any(len(tok.encode(a, add_special_tokens=False)) == 1 for a in ATOMS):
         raise SystemExit(f"{kit}: its tokenizer already has listing atoms (kit format 3); "
@@ -117,7 +146,7 @@ def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed
     rng = random.Random(seed)
     train = [example(tok, rng, names) for _ in range(4000)]
     held = [example(tok, random.Random(10**6 + i), names) for i in range(20)]
-    model = tiny.build_model(shape, tok, 1024, seed)
+    model = tiny.load_pretrained(init)[0].train() if init else tiny.build_model(shape, tok, 1024, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
     curve, t0, batch = [], time.monotonic(), 8
@@ -144,8 +173,12 @@ def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed
             print(json.dumps(point), flush=True)
     if save:  # the model and its tokenizer (atoms included), e.g. to continue on real rows
         tiny.save(model, tok, os.path.join(save, arm))
-    return {"tokens_per_example": sum(len(p) + len(t) for p, t, _ in train[:100]) / 100,
-            "parameters": tiny.count_parameters(model), "curve": curve}
+    result = {"tokens_per_example": sum(len(p) + len(t) for p, t, _ in train[:100]) / 100,
+              "parameters": tiny.count_parameters(model), "curve": curve,
+              "held_out_exact": curve[-1]["exact"] if curve else exact(model, tok, held)}
+    if suite:
+        result["suite"] = {"listings": len(suite), "exact": exact(model, tok, [row(tok, *s) for s in suite])}
+    return result
 
 
 def main() -> None:
@@ -164,23 +197,24 @@ def main() -> None:
     p.add_argument("--names", choices=NAMES, default="words",
                    help="file names: 31 words x 5 extensions, dir-stats' own, random letters, or the "
                         "suite's word-and-number names")
+    p.add_argument("--judge-suite", default="", metavar="TASKS",
+                   help="a prepared suite: also judge on its val workspaces' own listings")
+    p.add_argument("--init", default="", help="start from this saved model (e.g. --save's) instead of a fresh one")
     p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. kit.world_model.num_layers=4")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    shape = load_recipe(args.recipe, args.overrides).kit.world_model
-    result = {"args": vars(args), "shape": shape.__dict__,
+    recipe = load_recipe(args.recipe, args.overrides)
+    shape = recipe.kit.world_model
+    suite = tuple(suite_listings(args.judge_suite, recipe.sandbox)) if args.judge_suite else ()
+    result = {**stamp(), "args": vars(args), "shape": shape.__dict__,
               "arms": {arm: train_arm(arm, args.kit, shape, args.steps, args.every, args.lr, args.seed,
-                                        args.save, args.names)
+                                        args.save, args.names, args.init, suite)
                        for arm in args.arms.split(",")}}
-    final = {arm: r["curve"][-1]["exact"] for arm, r in result["arms"].items()}
+    final = {arm: r["held_out_exact"] for arm, r in result["arms"].items()}
     result["final_exact"] = final
     if "plain" in final and "atoms" in final:
         result["atoms_minus_plain_points"] = round(100 * (final["atoms"] - final["plain"]), 1)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(result, args.out)
     if args.plot:
         import matplotlib
         matplotlib.use("Agg")

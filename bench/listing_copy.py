@@ -24,7 +24,10 @@ against steps for both arms.
 listings: each `ls -l DIR` of a top-level folder in the workspaces of the first 40 val tasks of a
 prepared suite (obsspec/worldmodel/copies.py), the folder's own name in place of `data`. A model
 that copies does as well there; one that has learnt the probe's names does not. With `--init
-MODEL --steps 0` a saved model is judged without training.
+MODEL --steps 0` a saved model is judged without training. `--train-generated N` trains on the
+listings of the workspaces of N generated instances of the suite's families (the kit's
+`kit.world_model_tasks` instances, never a suite task) instead of synthetic ones: the suite's own
+names, folders and sizes.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from obsspec.config import load_recipe
 from obsspec.env.families._text_helpers import FILE_STEMS
 from obsspec.env.suite import load_tasks
 from obsspec.models import tiny
-from obsspec.models.kit import VAL_TASKS, KitPaths
+from obsspec.models.kit import VAL_TASKS, KitPaths, generated_tasks
 from obsspec.tokens import IM_END, IM_START, OBS_PREFIX
 from obsspec.worldmodel.copies import copy_steps
 from obsspec.worldmodel.snapshot import workspace_texts
@@ -110,10 +113,9 @@ def example(tok, rng: random.Random, names: str = "words") -> tuple[list[int], l
     return row(tok, listing(rng, names)[0])
 
 
-def suite_listings(tasks_dir: str, sandbox, val: int = 40) -> list[tuple[str, str]]:
-    """(block, folder): `ls -l DIR` of each top-level folder of the first `val` val tasks'
-    workspaces, as the sandbox prints it."""
-    tasks = load_tasks(os.path.join(tasks_dir, VAL_TASKS))[:val]
+def workspace_listings(tasks, sandbox) -> list[tuple[str, str]]:
+    """(block, folder): `ls -l DIR` of each top-level folder of the tasks' workspaces, as the
+    sandbox prints it."""
     texts = asyncio.run(workspace_texts(tasks, sandbox, 4))
     out = []
     for task in tasks:
@@ -136,7 +138,7 @@ def exact(model, tok, held) -> float:
 
 
 def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed: int, save: str = "",
-              names: str = "words", init: str = "", suite: tuple = ()) -> dict:
+              names: str = "words", init: str = "", suite: tuple = (), listings: tuple = ()) -> dict:
     tok = AutoTokenizer.from_pretrained(KitPaths.under(kit).tokenizer)
     if arm == "plain" and any(len(tok.encode(a, add_special_tokens=False)) == 1 for a in ATOMS):
         raise SystemExit(f"{kit}: its tokenizer already has listing atoms (kit format 3); "
@@ -144,7 +146,7 @@ def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed
     if arm == "atoms":
         tok.add_tokens([AddedToken(a, normalized=False) for a in ATOMS])
     rng = random.Random(seed)
-    train = [example(tok, rng, names) for _ in range(4000)]
+    train = [row(tok, *x) for x in listings] if listings else [example(tok, rng, names) for _ in range(4000)]
     held = [example(tok, random.Random(10**6 + i), names) for i in range(20)]
     model = tiny.load_pretrained(init)[0].train() if init else tiny.build_model(shape, tok, 1024, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -173,7 +175,7 @@ def train_arm(arm: str, kit: str, shape, steps: int, every: int, lr: float, seed
             print(json.dumps(point), flush=True)
     if save:  # the model and its tokenizer (atoms included), e.g. to continue on real rows
         tiny.save(model, tok, os.path.join(save, arm))
-    result = {"tokens_per_example": sum(len(p) + len(t) for p, t, _ in train[:100]) / 100,
+    result = {"train_listings": len(train), "tokens_per_example": sum(len(p) + len(t) for p, t, _ in train[:100]) / 100,
               "parameters": tiny.count_parameters(model), "curve": curve,
               "held_out_exact": curve[-1]["exact"] if curve else exact(model, tok, held)}
     if suite:
@@ -199,16 +201,24 @@ def main() -> None:
                         "suite's word-and-number names")
     p.add_argument("--judge-suite", default="", metavar="TASKS",
                    help="a prepared suite: also judge on its val workspaces' own listings")
+    p.add_argument("--train-generated", type=int, default=0, metavar="N",
+                   help="with --judge-suite: learn from the listings of N generated instances' workspaces")
     p.add_argument("--init", default="", help="start from this saved model (e.g. --save's) instead of a fresh one")
     p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. kit.world_model.num_layers=4")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     recipe = load_recipe(args.recipe, args.overrides)
     shape = recipe.kit.world_model
-    suite = tuple(suite_listings(args.judge_suite, recipe.sandbox)) if args.judge_suite else ()
+    suite = tuple(workspace_listings(load_tasks(os.path.join(args.judge_suite, VAL_TASKS))[:40], recipe.sandbox)) \
+        if args.judge_suite else ()
+    if args.train_generated and not args.judge_suite:
+        raise SystemExit("--train-generated needs --judge-suite TASKS (the suite to generate instances of)")
+    listings = tuple(workspace_listings(generated_tasks(args.judge_suite, "world_model_tasks", args.train_generated,
+                                                        recipe.kit.seed)[0], recipe.sandbox)) \
+        if args.train_generated else ()
     result = {**stamp(), "args": vars(args), "shape": shape.__dict__,
               "arms": {arm: train_arm(arm, args.kit, shape, args.steps, args.every, args.lr, args.seed,
-                                        args.save, args.names, args.init, suite)
+                                        args.save, args.names, args.init, suite, listings)
                        for arm in args.arms.split(",")}}
     final = {arm: r["held_out_exact"] for arm, r in result["arms"].items()}
     result["final_exact"] = final

@@ -211,12 +211,12 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. kit.world_model.num_layers=4")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.train_generated and not args.judge_suite:
+        raise SystemExit("--train-generated needs --judge-suite TASKS (the suite to generate instances of)")
     recipe = load_recipe(args.recipe, args.overrides)
     shape = recipe.kit.world_model
     suite = tuple(workspace_listings(load_tasks(os.path.join(args.judge_suite, VAL_TASKS))[:40], recipe.sandbox)) \
         if args.judge_suite else ()
-    if args.train_generated and not args.judge_suite:
-        raise SystemExit("--train-generated needs --judge-suite TASKS (the suite to generate instances of)")
     listings = tuple(workspace_listings(generated_tasks(args.judge_suite, "world_model_tasks", args.train_generated,
                                                         recipe.kit.seed)[0], recipe.sandbox)) \
         if args.train_generated else ()

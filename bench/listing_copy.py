@@ -51,7 +51,7 @@ from obsspec.env.suite import load_tasks
 from obsspec.models import tiny
 from obsspec.models.kit import VAL_TASKS, KitPaths, generated_tasks
 from obsspec.tokens import IM_END, IM_START, OBS_PREFIX
-from obsspec.worldmodel.copies import copy_steps
+from obsspec.worldmodel.copies import listing_snapshot, top_listings
 from obsspec.worldmodel.snapshot import workspace_texts
 from provenance import emit, stamp
 
@@ -96,9 +96,7 @@ def listing(rng: random.Random, names: str = "words") -> tuple[str, int]:
 
 def snapshot_text(block: str, n: int, folder: str = "data") -> str:
     """The world model's workspace snapshot of /app holding only `folder`/ with this listing."""
-    return (f"{IM_START}system\n<workspace>\n/app before the first command:\n$ ls -lR\n.:\ntotal 0\n"
-            f"drwxr-xr-x 2 agent agent {40 + 20 * n} Jan  1 00:00 {folder}\n\n./{folder}:\n{block}"
-            f"</workspace>{IM_END}\n")
+    return listing_snapshot("/app", folder, f"drwxr-xr-x 2 agent agent {40 + 20 * n} Jan  1 00:00 {folder}", block)
 
 
 def row(tok, block: str, folder: str = "data") -> tuple[list[int], list[int], str]:
@@ -117,13 +115,7 @@ def workspace_listings(tasks, sandbox) -> list[tuple[str, str]]:
     """(block, folder): `ls -l DIR` of each top-level folder of the tasks' workspaces, as the
     sandbox prints it."""
     texts = asyncio.run(workspace_texts(tasks, sandbox, 4))
-    out = []
-    for task in tasks:
-        for command, output, _span in copy_steps(texts[task.task_id]):
-            words = command.split()
-            if words[:2] == ["ls", "-l"] and len(words) == 3 and "/" not in words[2]:
-                out.append((output.decode(), words[2]))
-    return out
+    return [(body, folder) for task in tasks for folder, _line, body in top_listings(texts[task.task_id])]
 
 
 def exact(model, tok, held) -> float:

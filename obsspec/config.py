@@ -74,11 +74,12 @@ class Recipe:
             raise ValueError(f"world_model.snapshot_tokens ({wm.snapshot_tokens}) leaves no room in "
                              f"wm_train.max_length ({self.wm_train.max_length}): raise it or lower "
                              "world_model.snapshot_tokens")
-        if self.kit.copy_steps and not wm.reads_workspace:
-            raise ValueError(f"kit.copy_steps ({self.kit.copy_steps}) teaches the world model to copy "
-                             "from the workspace snapshot or hints, which are off: set "
-                             "world_model.workspace_snapshot to true, world_model.hint_tokens above 0 "
-                             "or kit.copy_steps to 0")
+        for name in ("copy_steps", "listing_steps"):
+            if getattr(self.kit, name) and not wm.reads_workspace:
+                raise ValueError(f"kit.{name} ({getattr(self.kit, name)}) teaches the world model to copy "
+                                 "from the workspace snapshot or hints, which are off: set "
+                                 "world_model.workspace_snapshot to true, world_model.hint_tokens above 0 "
+                                 f"or kit.{name} to 0")
         t = self.train
         own_suite = not self.rollout.tasks_dir and not self.tasks.harbor_dir and self.tasks.families
         if own_suite and set(t.families) - set(self.tasks.families):

@@ -93,3 +93,38 @@ def test_sampling_keeps_what_the_budget_keeps_and_is_reproducible():
     # a hint's budget: a function of the command and its span says what is shown whole
     picked = sample_copy_steps(text, lambda cmd, span: cmd.startswith("cat"), None, "t1")
     assert sorted(cmd for cmd, _ in picked) == ["cat a.txt", "cat b.txt"]
+
+
+@needs_bwrap
+@pytest.mark.parametrize("family,index", [("dir-stats", 3), ("bulk-rename", 2), ("organize-files", 1)])
+def test_a_listing_row_copies_a_folder_as_the_sandbox_lists_it_from_a_snapshot_of_that_folder_alone(family, index):
+    """`listing_rows`: per top-level folder, a snapshot turn holding that folder's line and block
+    alone, the call `ls -l DIR`, and as target what the sandbox prints (formatted as it would)."""
+    from transformers import AutoTokenizer
+
+    from obsspec.tokens import ChatFormat
+    from obsspec.worldmodel.copies import listing_rows, top_listings
+
+    task = builtin_task(family, index)
+    text = snapshot(task)
+    listings = top_listings(text)
+    assert listings, "no top-level folder to list"
+    fmt = ChatFormat(AutoTokenizer.from_pretrained("obsspec/bases/tiny-cpu/tokenizer"))
+    rows = listing_rows(fmt, text, SANDBOX.output_cap)
+    assert len(rows) == len(listings)
+    script = [f"ls -l {folder}" for folder, _, _ in listings]
+    record = asyncio.run(run_scripted(task, script, SANDBOX, verify=False))
+    for (folder, line, body), row, step in zip(listings, rows, record.steps):
+        assert line.startswith("drwx") and line.endswith(f" {folder}") and f"\n{line}\n" in text
+        ids, mask = row["input_ids"], row["completion_mask"]
+        start = mask.index(1)
+        assert mask[start:] == [1] * (len(mask) - start), "the loss is on the observation alone"
+        target = fmt.decode(ids[start:])
+        assert step.command == f"ls -l {folder}"
+        assert target == step.observation + chat.OBS_CLOSE
+        prompt = fmt.decode(ids[:start])
+        assert prompt.count("<workspace>") == 1 and f"./{folder}:\n{body}</workspace>" in prompt
+        assert "<|im_start|>user" not in prompt.split("</tool_call>")[0], "no task prompt"
+        others = [f for f, _, _ in listings if f != folder]
+        assert not any(f"./{f}:" in prompt for f in others), "another folder's listing in the snapshot"
+    assert listing_rows(fmt, "no snapshot here", 4096) == []

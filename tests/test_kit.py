@@ -537,6 +537,31 @@ def test_world_model_tasks_add_real_reference_rows_for_the_world_model_only(tmp_
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
+def test_policy_tasks_teach_the_policy_and_are_not_run_again_once_the_policy_is_built(tmp_path, monkeypatch):
+    """kit.policy_tasks: generated instances' reference solutions, run in real sandboxes, are
+    policy rows; a build (or a resumed one) whose tokenizer and policy are there skips them."""
+    cfg = dataclasses.replace(TINY, policy_tasks=2)
+    suite = write_dir_stats_suite(tmp_path / "suite")
+    seen = {}
+
+    def train(model, tok, train_rows, eval_rows, mcfg, out_dir, seed, name, display, **kwargs):
+        seen[name] = train_rows
+        return {"steps": 0}
+
+    monkeypatch.setattr(warmstart, "train", train)
+    first = str(tmp_path / "kit")
+    report = kit.build_kit(suite, first, cfg, SANDBOX, SAMPLING, NullDisplay())
+    assert report["policy_tasks"]["kept"] == 2 and len(seen["policy"]) == 3 + 2
+    assert os.path.exists(os.path.join(first, "policy_tasks.jsonl"))
+    seen.clear()
+    again = str(tmp_path / "again")
+    for stage in ("tokenizer", "policy"):
+        shutil.copytree(os.path.join(first, stage), os.path.join(again, stage))
+    kit.build_kit(suite, again, cfg, SANDBOX, SAMPLING, NullDisplay())
+    assert list(seen) == ["world_model"] and not os.path.exists(os.path.join(again, "policy_tasks.jsonl"))
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
 def test_the_copy_curriculum_trains_the_world_model_on_copies_first_then_goes_on_from_there(tmp_path, monkeypatch):
     """kit.copy_steps: the world model first trains that many steps on copy rows (commands whose
     output is a span of the task's snapshot) of the train tasks and generated instances, never
@@ -610,6 +635,59 @@ def test_the_copy_curriculum_trains_the_world_model_on_copies_first_then_goes_on
     assert kit.kit_key(suite, every, SANDBOX, SAMPLING, 0, 256) != kit.kit_key(
         suite, dataclasses.replace(every, copies_per_task=4), SANDBOX, SAMPLING, 0, 256) != kit.kit_key(
         suite, every, SANDBOX, SAMPLING, 0, 0)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")
+def test_the_listing_stage_comes_first_and_the_copies_and_real_rows_go_on_from_its_model(tmp_path, monkeypatch):
+    """kit.listing_steps: that many steps on listing rows alone (each top-level folder's `ls -l`,
+    with a snapshot of that folder alone) of the train tasks and generated instances, never of a
+    val task's workspace; then the copy curriculum from that model, then the real rows."""
+    from obsspec.config import ConfigError, load_recipe
+    from obsspec.worldmodel import snapshot
+    from obsspec.worldmodel.copies import listing_rows
+
+    cfg = dataclasses.replace(TINY, world_model_tasks=2, listing_steps=3, copy_steps=2)
+    suite = write_dir_stats_suite(tmp_path / "suite")
+    seen = {}
+
+    def train(model, tok, train_rows, eval_rows, mcfg, out_dir, seed, name, display, **kwargs):
+        seen[name] = (model, tok, train_rows, eval_rows, mcfg)
+        return {"steps": 0}
+
+    monkeypatch.setattr(warmstart, "train", train)
+    kit.build_kit(suite, str(tmp_path / "kit"), cfg, SANDBOX, SAMPLING, NullDisplay(), hint_tokens=256)
+    assert list(seen) == ["policy", "world_model_listings", "world_model_copies", "world_model"]
+    model, tok, rows, val_rows, mcfg = seen["world_model_listings"]
+    assert seen["world_model_copies"][0] is model and seen["world_model"][0] is model, \
+        "the copies and the real rows do not start from the listing stage's model"
+    assert mcfg.max_steps == 3 and seen["world_model_copies"][4].max_steps == 2
+    fmt = ChatFormat(tok)
+    val_text = asyncio.run(snapshot.workspace_text(builtin_task("dir-stats", 3), SANDBOX))
+    val_listing = listing_rows(fmt, val_text, SANDBOX.output_cap)
+    assert val_listing and val_rows[:len(val_listing)] == val_listing
+    assert len(rows) >= 3 + 2, "a listing per train task and generated instance"
+    for row in rows:
+        assert row not in val_listing, "a val task's workspace was trained on"
+        ids, mask = row["input_ids"], row["completion_mask"]
+        start = mask.index(1)
+        body = fmt.decode(ids[start:]).split("\n\n(exit_code=0)")[0]
+        assert body.startswith("total ") and f":\n{body}\n</workspace>" in fmt.decode(ids[:start])
+    assert kit.stages_keys(suite, cfg, SANDBOX, SAMPLING) == kit.stages_keys(
+        suite, dataclasses.replace(cfg, listing_steps=0), SANDBOX, SAMPLING)
+    assert kit.kit_key(suite, cfg, SANDBOX, SAMPLING, 0, 256) != kit.kit_key(
+        suite, dataclasses.replace(cfg, listing_steps=0), SANDBOX, SAMPLING, 0, 256)
+    seen.clear()  # alone, without the copy curriculum: the real rows go on from it
+    alone = dataclasses.replace(cfg, copy_steps=0, world_model_tasks=0)
+    kit.build_kit(suite, str(tmp_path / "kit1"), alone, SANDBOX, SAMPLING, NullDisplay(), hint_tokens=256)
+    assert list(seen) == ["policy", "world_model_listings", "world_model"]
+    assert seen["world_model"][0] is seen["world_model_listings"][0]
+    with pytest.raises(ValueError, match="listing_steps"):
+        kit.build_kit(suite, str(tmp_path / "kit2"), alone, SANDBOX, SAMPLING, NullDisplay())
+    with pytest.raises(ConfigError, match="kit.listing_steps.*workspace_snapshot"):
+        load_recipe("recipes/tiny-cpu.yaml", ["kit.listing_steps=5", "world_model.workspace_snapshot=false",
+                                              "world_model.hint_tokens=0"])
+    with pytest.raises(ConfigError, match="kit.listing_steps must be >= 0, got -1"):
+        load_recipe(None, ["kit.listing_steps=-1"])
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install)")

@@ -99,10 +99,10 @@ def _manifest(recipe, paths, tasks_dir: str, snapshot_tokens: int, quality: dict
                           "steps": kit[name]["steps"], "train_sec": kit[name]["train_sec"],
                           "eval_loss": kit[name].get("eval_loss")}
                    for name in ("policy", "world_model")},
-        # (the world model's copy curriculum, kit.copy_steps: before its real rows)
-        **({"world_model_copies": {k: kit["world_model_copies"].get(k) for k in
-                                   ("examples", "steps", "train_sec", "eval_loss")}}
-           if "world_model_copies" in kit else {}),
+        # (the world model's listing stage and copy curriculum, kit.listing_steps and kit.copy_steps:
+        # before its real rows)
+        **{stage: {k: kit[stage].get(k) for k in ("examples", "steps", "train_sec", "eval_loss")}
+           for stage in ("world_model_listings", "world_model_copies") if stage in kit},
         "vocab": kit["tokenizer"]["vocab"],
         "build_sec": kit["build_sec"], "evaluate_and_write_sec": sec,
         # (a build that copied its earlier stages from another kit: that kit and its own build_sec)

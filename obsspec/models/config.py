@@ -87,6 +87,14 @@ class KitConfig:
                              "world_model.workspace_snapshot or world_model.hint_tokens. At the tiny-cpu world model's size it "
                              "taught only the top folder's listing in the budgets measured "
                              "(docs/WORLDMODEL.md, \"A copy curriculum\"). 0 = none.")
+    listing_steps: int = doc(0, "Optimizer steps the world-model base spends, before anything else, "
+                                "on listing rows alone: per train task and world_model_tasks "
+                                "instance, each top-level folder's `ls -l` with a snapshot holding "
+                                "only that listing and no task prompt (obsspec/worldmodel/copies.py "
+                                "`listing_rows`); the copy curriculum and the real rows then go on "
+                                "from that model. Names it has never seen are what it learns to copy "
+                                "there (docs/WORLDMODEL.md, \"Copying listings\"). Needs "
+                                "world_model.workspace_snapshot or world_model.hint_tokens. 0 = none.")
     copies_per_task: int = doc(4, "Copy rows of the copy curriculum per task and generated instance, "
                                   "drawn at random from its copy steps; 0 = all of them (~9 a "
                                   "workspace: more distinct files to copy, which is what teaches "
@@ -98,7 +106,8 @@ class KitConfig:
     def __post_init__(self) -> None:
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes + special tokens), got {self.vocab_size}")
-        for name in ("rollouts", "world_model_tasks", "policy_tasks", "mistakes", "copy_steps", "copies_per_task"):
+        for name in ("rollouts", "world_model_tasks", "policy_tasks", "mistakes", "copy_steps", "listing_steps",
+                     "copies_per_task"):
             if getattr(self, name) < 0:
                 raise ValueError(f"kit.{name} must be >= 0, got {getattr(self, name)}")
         if self.rollout_workers < 1:

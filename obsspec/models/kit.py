@@ -98,6 +98,7 @@ def stages_keys(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling
         del key["config"]["world_model"]
         key["config"].pop("copy_steps", None)
         key["config"].pop("copies_per_task", None)
+        key["config"].pop("listing_steps", None)
         keys[name] = _digest({**key, "stages": name})
     return keys
 
@@ -112,7 +113,7 @@ def _key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampl
     config = dataclasses.asdict(cfg)
     del config["bases"]  # where to find pretrained bases, not what a kit is built from
     for name, off in (("world_model_tasks", 0), ("policy_tasks", 0), ("mistakes", 0), ("digits_per_token", 1),
-                      ("copy_steps", 0), ("copies_per_task", 4)):
+                      ("copy_steps", 0), ("copies_per_task", 4), ("listing_steps", 0)):
         if config[name] == off:  # (absent when off: older kits keep their key)
             del config[name]
     key = {"format": KIT_FORMAT, "config": config, "corpus": corpus, "rollouts": rollouts}
@@ -222,9 +223,10 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     from obsspec.worldmodel.views import world_view
 
     reads_workspace = bool(snapshot_tokens or hint_tokens)
-    if cfg.copy_steps and not reads_workspace:
-        raise ValueError("kit.copy_steps needs the world model's workspace snapshot or hints "
-                         "(snapshot_tokens or hint_tokens > 0)")
+    for name in ("copy_steps", "listing_steps"):
+        if getattr(cfg, name) and not reads_workspace:
+            raise ValueError(f"kit.{name} needs the world model's workspace snapshot or hints "
+                             "(snapshot_tokens or hint_tokens > 0)")
     t0 = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
     paths = KitPaths.under(out_dir)
@@ -265,8 +267,10 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     mistakes_sec = report.get("mistakes", {}).get("sec") or round(time.monotonic() - t1, 1)
     # Generated instances of the suite's families (never a suite task) for the policy: more
     # names to learn copying from than the suite's train split holds.
+    # (only the tokenizer and the policy learn from them: not run again once both are built)
+    policy_done = os.path.exists(paths.tokenizer) and os.path.exists(paths.policy)
     policy_extra = [row for _, row in _generated(tasks_dir, "policy_tasks", cfg, sandbox, display, done,
-                                                 episodes)] if cfg.policy_tasks else []
+                                                 episodes)] if cfg.policy_tasks and not policy_done else []
     if os.path.exists(paths.tokenizer):
         from transformers import AutoTokenizer
 
@@ -353,19 +357,33 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         done("rollouts", report["rollouts"])
         wm_train = wm_train + from_rollouts
     wm_init = None
-    if cfg.copy_steps:  # the copy curriculum: copy rows alone first, then the real rows
+    if cfg.listing_steps or cfg.copy_steps:
         from obsspec.env.suite import load_tasks
 
-        texts, snaps = {**texts, **extra_texts}, {**snapshots, **(extra_snapshots or {})}
+        train_tasks = load_tasks(os.path.join(tasks_dir, TRAIN_TASKS)) + [t for t, _ in extra]
+        val_tasks = load_tasks(os.path.join(tasks_dir, VAL_TASKS))[:COPY_VAL_TASKS]
+        texts = {**texts, **extra_texts}
+    if cfg.listing_steps:  # listing rows alone first: copying names never seen
+        from obsspec.worldmodel.copies import listing_rows
+
+        def listing_examples(tasks: list) -> tuple[list[dict], int]:
+            rows = [r for t in tasks for r in listing_rows(fmt, texts[t.task_id], sandbox.output_cap)]
+            kept = [r for r in rows if len(r["input_ids"]) <= wm_positions]
+            return kept, len(rows) - len(kept)
+
+        (listing_train, listing_dropped), (listing_val, _) = listing_examples(train_tasks), listing_examples(val_tasks)
+        listings_cfg = dataclasses.replace(cfg.world_model, max_steps=cfg.listing_steps,
+                                           epochs=float(cfg.listing_steps))
+        wm_init = train("world_model_listings", listings_cfg, listing_train, listing_val, listing_dropped,
+                        os.path.join(out_dir, LISTINGS_MODEL), wm_positions)
+    if cfg.copy_steps:  # the copy curriculum: copy rows alone, then the real rows
+        snaps = {**snapshots, **(extra_snapshots or {})}
         per_task = cfg.copies_per_task or None  # (0: all of a task's copy steps)
-        copy_train, copy_dropped = _copy_examples(fmt, load_tasks(os.path.join(tasks_dir, TRAIN_TASKS))
-                                                  + [t for t, _ in extra], texts, snaps, sandbox, wm_positions,
-                                                  per_task)
-        copy_val, _ = _copy_examples(fmt, load_tasks(os.path.join(tasks_dir, VAL_TASKS))[:COPY_VAL_TASKS],
-                                     texts, snaps, sandbox, wm_positions, per_task)
+        copy_train, copy_dropped = _copy_examples(fmt, train_tasks, texts, snaps, sandbox, wm_positions, per_task)
+        copy_val, _ = _copy_examples(fmt, val_tasks, texts, snaps, sandbox, wm_positions, per_task)
         copies_cfg = dataclasses.replace(cfg.world_model, max_steps=cfg.copy_steps, epochs=float(cfg.copy_steps))
         wm_init = train("world_model_copies", copies_cfg, copy_train, copy_val, copy_dropped,
-                        os.path.join(out_dir, COPIES_MODEL), wm_positions)
+                        os.path.join(out_dir, COPIES_MODEL), wm_positions, wm_init)
     train("world_model", cfg.world_model, wm_train, wm_val, dropped, paths.world_model, wm_positions, wm_init)
     report["build_sec"] = round(report.pop("build_sec_before") + time.monotonic() - t0, 1)
     write_json(paths.report, report)
@@ -377,6 +395,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
 HINTED_CALLS = 4                     # calls whose hints a world model's positions have room for
 PARTIAL_REPORT = "kit.partial.json"  # the report of a build in progress (kit.json once it is done)
 COPIES_MODEL = "world_model_copies"  # the world model after its copy curriculum (kit.copy_steps)
+LISTINGS_MODEL = "world_model_listings"  # the world model after its listing stage (kit.listing_steps)
 COPY_VAL_TASKS = 100                 # val tasks whose copy rows give the curriculum's eval loss
 
 

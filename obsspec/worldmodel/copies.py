@@ -20,8 +20,8 @@ import random
 import re
 
 from obsspec import chat
-from obsspec.tokens import transcript, wm_row
-from obsspec.worldmodel.snapshot import LISTING, SECTION, TRUNCATED
+from obsspec.tokens import IM_START, transcript, wm_row
+from obsspec.worldmodel.snapshot import CLOSE, LISTING, OPEN, SECTION, TRUNCATED
 
 # One line of `ls -l` in the sandbox (C locale, pinned clock): mode, links, owner, group, size,
 # date, name (`name -> target` for a symlink).
@@ -58,6 +58,42 @@ def spans(text: str) -> tuple[dict[str, str], dict[str, str]]:
     empty for a text not in `render`'s layout or with a cut listing."""
     folders, files = _parse(text)
     return {k: v[0] for k, v in folders.items()}, {k: v[0] for k, v in files.items()}
+
+
+def top_listings(text: str) -> list[tuple[str, str, str]]:
+    """(folder, its line in the top folder's listing, what `ls -l folder` prints) for each
+    top-level folder of the rendered snapshot `text` whose listing `copy_steps` trusts."""
+    folders, _ = _parse(text)
+    if "" not in folders:
+        return []
+    out = []
+    for line in folders[""][1].splitlines()[1:]:
+        m = _LINE.match(line)
+        if m and m["mode"].startswith("d") and m["name"] in folders:
+            out.append((m["name"], line, folders[m["name"]][1]))
+    return out
+
+
+def listing_snapshot(workdir: str, folder: str, line: str, body: str) -> str:
+    """The snapshot turn of a workspace holding only `folder` (`line`: its line in `ls -l`;
+    `body`: what `ls -l folder` prints), in `render`'s layout."""
+    return f"{OPEN}{workdir} before the first command:\n$ {LISTING}\n.:\ntotal 0\n{line}\n\n./{folder}:\n{body}{CLOSE}"
+
+
+def listing_rows(fmt, text: str, cap: int) -> list[dict]:
+    """The listing stage's world-model rows of one workspace (`kit.listing_steps`): per top-level
+    folder, a snapshot turn holding only that folder's listing, the call `ls -l folder`, and its
+    observation as the sandbox formats it (the target). No task prompt: nothing but the listing
+    to copy from, which is how the tiny world model first learns to copy names it has never seen
+    (docs/WORLDMODEL.md, "Copying listings")."""
+    workdir = text.partition(" before the first command:")[0]
+    rows = []
+    for folder, line, body in top_listings(text):
+        ids = (fmt.encode(listing_snapshot(workdir, folder, line, body)) + fmt.encode(f"{IM_START}assistant\n")
+               + fmt.action_ids(chat.render_bash(f"ls -l {folder}")) + fmt.obs_prefix_ids)
+        target = fmt.wm_target_ids(chat.format_observation(body.encode(), 0, cap=cap))
+        rows.append({"input_ids": ids + target, "completion_mask": [0] * len(ids) + [1] * len(target)})
+    return rows
 
 
 def _parse(text: str) -> tuple[dict[str, tuple[str, str, list[str]]], dict[str, tuple[str, bytes]]]:

@@ -651,16 +651,19 @@ def test_the_listing_stage_comes_first_and_the_copies_and_real_rows_go_on_from_i
     seen = {}
 
     def train(model, tok, train_rows, eval_rows, mcfg, out_dir, seed, name, display, **kwargs):
-        seen[name] = (model, tok, train_rows, eval_rows, mcfg)
+        seen[name] = (model, tok, train_rows, eval_rows, mcfg, kwargs.get("schedule", "cosine"))
         return {"steps": 0}
 
     monkeypatch.setattr(warmstart, "train", train)
     kit.build_kit(suite, str(tmp_path / "kit"), cfg, SANDBOX, SAMPLING, NullDisplay(), hint_tokens=256)
     assert list(seen) == ["policy", "world_model_listings", "world_model_copies", "world_model"]
-    model, tok, rows, val_rows, mcfg = seen["world_model_listings"]
+    model, tok, rows, val_rows, mcfg, schedule = seen["world_model_listings"]
     assert seen["world_model_copies"][0] is model and seen["world_model"][0] is model, \
         "the copies and the real rows do not start from the listing stage's model"
     assert mcfg.max_steps == 3 and seen["world_model_copies"][4].max_steps == 2
+    # a constant rate for the listings (copying comes late), the world model's own schedule after
+    assert (mcfg.learning_rate, schedule) == (kit.LISTING_LR, "constant_with_warmup")
+    assert seen["world_model"][4:] == (cfg.world_model, "cosine") and seen["world_model_copies"][5] == "cosine"
     fmt = ChatFormat(tok)
     val_text = asyncio.run(snapshot.workspace_text(builtin_task("dir-stats", 3), SANDBOX))
     val_listing = listing_rows(fmt, val_text, SANDBOX.output_cap)

@@ -651,7 +651,8 @@ def test_the_listing_stage_comes_first_and_the_copies_and_real_rows_go_on_from_i
     seen = {}
 
     def train(model, tok, train_rows, eval_rows, mcfg, out_dir, seed, name, display, **kwargs):
-        seen[name] = (model, tok, train_rows, eval_rows, mcfg, kwargs.get("schedule", "cosine"))
+        seen[name] = (model, tok, train_rows, eval_rows, mcfg,
+                      (kwargs.get("schedule", "cosine"), kwargs.get("sampling", "group_by_length")))
         return {"steps": 0}
 
     monkeypatch.setattr(warmstart, "train", train)
@@ -661,9 +662,11 @@ def test_the_listing_stage_comes_first_and_the_copies_and_real_rows_go_on_from_i
     assert seen["world_model_copies"][0] is model and seen["world_model"][0] is model, \
         "the copies and the real rows do not start from the listing stage's model"
     assert mcfg.max_steps == 3 and seen["world_model_copies"][4].max_steps == 2
-    # a constant rate for the listings (copying comes late), the world model's own schedule after
-    assert (mcfg.learning_rate, schedule) == (kit.LISTING_LR, "constant_with_warmup")
-    assert seen["world_model"][4:] == (cfg.world_model, "cosine") and seen["world_model_copies"][5] == "cosine"
+    # a constant rate in random batches for the listings (copying comes late, and not from
+    # batches of one length), the world model's own schedule after
+    assert (mcfg.learning_rate, schedule) == (kit.LISTING_LR, ("constant_with_warmup", "random"))
+    default = ("cosine", "group_by_length")
+    assert seen["world_model"][4:] == (cfg.world_model, default) and seen["world_model_copies"][5] == default
     fmt = ChatFormat(tok)
     val_text = asyncio.run(snapshot.workspace_text(builtin_task("dir-stats", 3), SANDBOX))
     val_listing = listing_rows(fmt, val_text, SANDBOX.output_cap)

@@ -286,7 +286,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     fmt = ChatFormat(tokenizer)
 
     def train(name: str, mcfg, train_ex: list[dict], val_ex: list[dict], dropped: int, path: str,
-              positions: int, init=None, schedule: str = "cosine"):
+              positions: int, init=None, **how):
         if os.path.exists(path):
             display.log(f"tiny model kit: {name}: kept from an earlier build at {path}")
             return tiny.load_pretrained(path)[0]
@@ -294,7 +294,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
         display.log(f"tiny model kit: {name}: {tiny.count_parameters(model) / 1e6:.2f}M parameters, "
                     f"{len(train_ex)} examples ({dropped} longer than {positions} tokens dropped)")
         stats = warmstart.train(model, tokenizer, train_ex, val_ex, mcfg, os.path.join(out_dir, f".{name}-trainer"),
-                                cfg.seed, name, display, checkpoint_steps=checkpoint_steps, schedule=schedule)
+                                cfg.seed, name, display, checkpoint_steps=checkpoint_steps, **how)
         _save_atomically(path, lambda tmp: tiny.save(model, tokenizer, tmp))
         done(name, {"parameters": tiny.count_parameters(model), "dropped_too_long": dropped, **stats})
         return model
@@ -373,11 +373,13 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
 
         (listing_train, listing_dropped), (listing_val, _) = listing_examples(train_tasks), listing_examples(val_tasks)
         # (at a constant rate: copying comes suddenly, after thousands of steps, and a rate that
-        # decays has faded by then)
+        # decays has faded by then; in random batches: batches of listings of one length learnt
+        # no copying in 5,000 steps, docs/WORLDMODEL.md)
         listings_cfg = dataclasses.replace(cfg.world_model, max_steps=cfg.listing_steps,
                                            epochs=float(cfg.listing_steps), learning_rate=LISTING_LR)
         wm_init = train("world_model_listings", listings_cfg, listing_train, listing_val, listing_dropped,
-                        os.path.join(out_dir, LISTINGS_MODEL), wm_positions, schedule="constant_with_warmup")
+                        os.path.join(out_dir, LISTINGS_MODEL), wm_positions, schedule="constant_with_warmup",
+                        sampling="random")
     if cfg.copy_steps:  # the copy curriculum: copy rows alone, then the real rows
         snaps = {**snapshots, **(extra_snapshots or {})}
         per_task = cfg.copies_per_task or None  # (0: all of a task's copy steps)

@@ -187,7 +187,7 @@ def sft_config(cfg: TinyModelConfig, out_dir: str, seed: int, steps: int = -1,
 def train(model: Any, tokenizer: Any, train_rows: list[dict], eval_rows: list[dict],
           cfg: TinyModelConfig, out_dir: str, seed: int = 0, label: str = "sft",
           display: Display | None = None, measure_train: bool = True, checkpoint_steps: int = 0,
-          schedule: str = "cosine") -> dict:
+          schedule: str = "cosine", sampling: str = "group_by_length") -> dict:
     """Train `model` in place on pre-tokenized rows; return loss figures and timings.
 
     Losses are token-mean NLL (nats) over the masked tokens: `eval_loss` on `eval_rows` and, with
@@ -196,7 +196,9 @@ def train(model: Any, tokenizer: Any, train_rows: list[dict], eval_rows: list[di
     states) into `out_dir` about every that many steps (rounded to whole epochs), and resume from
     the latest one found there: a killed build goes on where it stopped and ends with the bytes
     an unbroken one would. The checkpoints are removed once training is done. `schedule`: the
-    learning rate's after its warm-up (a transformers scheduler: `cosine`, `constant_with_warmup`).
+    learning rate's after its warm-up (a transformers scheduler: `cosine`, `constant_with_warmup`);
+    `sampling`: how batches are drawn (`group_by_length`: rows of similar lengths together, less
+    padding; `random`).
     """
     display = display or NullDisplay()
     t0 = time.monotonic()
@@ -209,7 +211,8 @@ def train(model: Any, tokenizer: Any, train_rows: list[dict], eval_rows: list[di
     resume = _last_checkpoint(out_dir) if checkpoint_steps else None
     with _quiet():
         trainer = CompactSFTTrainer(
-            model=model, args=sft_config(cfg, out_dir, seed, steps, lr_scheduler_type=schedule, **saving), processing_class=tokenizer,
+            model=model, args=sft_config(cfg, out_dir, seed, steps, lr_scheduler_type=schedule,
+                                          train_sampling_strategy=sampling, **saving), processing_class=tokenizer,
             train_dataset=Dataset.from_list(train_rows), callbacks=[_Progress(display, label)],
         )
     trainer.remove_callback(PrinterCallback)  # progress goes through the Display instead

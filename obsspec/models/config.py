@@ -85,8 +85,9 @@ class KitConfig:
                              "`ls DIR`, `cat FILE`, `head -N FILE`; obsspec/worldmodel/copies.py); "
                              "its real rows then go on from that model. Needs "
                              "world_model.workspace_snapshot or world_model.hint_tokens. At the tiny-cpu world model's size it "
-                             "taught only the top folder's listing in the budgets measured "
-                             "(docs/WORLDMODEL.md, \"A copy curriculum\"). 0 = none.")
+                             "taught only the top folder's listing in the budgets measured, unless "
+                             "kit.listing_steps came first (docs/WORLDMODEL.md, \"A copy curriculum\"). "
+                             "0 = none.")
     listing_steps: int = doc(0, "Optimizer steps the world-model base spends, before anything else, "
                                 "on listing rows alone: per train task and world_model_tasks "
                                 "instance, each top-level folder's `ls -l` with a snapshot holding "

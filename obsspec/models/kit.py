@@ -22,7 +22,9 @@ read, and only its train split is trained on):
    instances of the suite's families;
    with `kit.mistakes`, also that many episodes per train task (and per generated instance) of
    its reference solution with one command edited (obsspec/env/mistakes.py), whose error
-   messages the tokenizer's corpus holds too (they are run before step 1).
+   messages the tokenizer's corpus holds too (they are run before step 1); with
+   `kit.listing_steps` and `kit.copy_steps` (snapshot or hints on), it first trains on listing
+   rows and then on copy rows alone, each stage going on from the last one's model.
 Each lands in an ordinary model folder (weights + config + tokenizer) under
 `cache_dir/kit-<key>/`, where key = sha256 of (kit format, config, sha256 of trajectories.jsonl,
 the sampling and sandbox of the rollouts, the snapshot budget):

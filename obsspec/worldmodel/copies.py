@@ -12,6 +12,9 @@ A file's contents are used only when their byte count equals the size its listin
 (a file whose text looks like a section header cannot cut another's contents short), and a name
 a shell would need quoted is left out. tests/test_copies.py runs the commands in real sandboxes
 and checks the outputs byte for byte.
+
+`listing_rows` lays out the listing stage's rows (`kit.listing_steps`): each top-level folder's
+`ls -l`, with a snapshot of that folder alone and no task prompt.
 """
 
 from __future__ import annotations

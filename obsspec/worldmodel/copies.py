@@ -24,7 +24,7 @@ import re
 
 from obsspec import chat
 from obsspec.tokens import IM_START, transcript, wm_row
-from obsspec.worldmodel.snapshot import CLOSE, LISTING, OPEN, SECTION, TRUNCATED
+from obsspec.worldmodel.snapshot import CLOSE, HEADER, LISTING, OPEN, SECTION, TRUNCATED
 
 # One line of `ls -l` in the sandbox (C locale, pinned clock): mode, links, owner, group, size,
 # date, name (`name -> target` for a symlink).
@@ -80,7 +80,7 @@ def top_listings(text: str) -> list[tuple[str, str, str]]:
 def listing_snapshot(workdir: str, folder: str, line: str, body: str) -> str:
     """The snapshot turn of a workspace holding only `folder` (`line`: its line in `ls -l`;
     `body`: what `ls -l folder` prints), in `render`'s layout."""
-    return f"{OPEN}{workdir} before the first command:\n$ {LISTING}\n.:\ntotal 0\n{line}\n\n./{folder}:\n{body}{CLOSE}"
+    return f"{OPEN}{HEADER.format(workdir)}.:\ntotal 0\n{line}\n\n./{folder}:\n{body}{CLOSE}"
 
 
 def listing_rows(fmt, text: str, cap: int) -> list[dict]:
@@ -89,7 +89,7 @@ def listing_rows(fmt, text: str, cap: int) -> list[dict]:
     observation as the sandbox formats it (the target). No task prompt: nothing but the listing
     to copy from, which is how the tiny world model first learns to copy names it has never seen
     (docs/WORLDMODEL.md, "Copying listings")."""
-    workdir = text.partition(" before the first command:")[0]
+    workdir = text.partition(HEADER.format(""))[0]
     rows = []
     for folder, line, body in top_listings(text):
         ids = (fmt.encode(listing_snapshot(workdir, folder, line, body)) + fmt.encode(f"{IM_START}assistant\n")

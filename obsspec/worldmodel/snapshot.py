@@ -83,6 +83,7 @@ class Workspace:
 
 
 LISTING = "ls -lR"
+HEADER = "{} before the first command:\n$ " + LISTING + "\n"  # the snapshot's first lines (`render`): the workdir
 SECTION = "\n==> {} <==\n"        # ahead of a small file's contents in the snapshot's text (`render`)
 LISTING_BYTES = 64 * 1024        # listing kept at most (far beyond any token budget allowed)
 
@@ -126,7 +127,7 @@ def render(workspace: Workspace, workdir: str) -> str:
     files' contents in path order. A world model that copies can then write what `ls -l DIR` or
     `cat FILE` prints from a span of its prompt: the listing is the sandbox's own output, not a
     paraphrase it would have to re-format (column padding, owners, dates, `total` lines)."""
-    text = f"{workdir} before the first command:\n$ {LISTING}\n{workspace.listing}"
+    text = HEADER.format(workdir) + workspace.listing
     for e in workspace.entries:
         if e.content is not None:
             text += SECTION.format(e.path) + e.content

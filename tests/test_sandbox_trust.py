@@ -17,7 +17,7 @@ import pytest
 
 from obsspec.env.episode import run_scripted
 from obsspec.env.harbor import import_harbor
-from obsspec.env.sandbox import Sandbox, SandboxConfig
+from obsspec.env.sandbox import TAMPERED, Sandbox, SandboxConfig
 from obsspec.env.suite import SuiteError, load_tasks, task_by_id
 from obsspec.env.task import Task
 
@@ -76,11 +76,33 @@ def test_a_pinned_full_tmpfs_is_tampering_not_an_empty_verifier(where, sandbox_b
     assert pinned_reward(harbor("harbor-hello-file"), [], where) == 0.0, f"a pinned {where} won a Harbor reward"
 
 
-def test_a_pin_after_an_honest_solution_still_scores_zero():
-    """Pinning is tampering whatever else the agent did: the verdict must not depend on it."""
+def test_a_pin_after_an_honest_solution_still_scores_zero(monkeypatch):
+    """Pinning is tampering whatever else the agent did: the verdict must not depend on it.
+
+    The pin outlives its processes only until the kernel's unix garbage collector finds the
+    cycle, and on recent kernels that collector runs asynchronously: on a loaded machine it can
+    free the pin before the janitor looks. Then nothing is pinned, the verifier runs on an honest
+    workspace and its 1.0 is right. So each try is judged by what the janitor saw: a pin it
+    found must score 0, and at least one of three tries must find one (else the check is gone)."""
     task = task_by_id("dir-stats-00001")
     assert reward(task, task.solution) == 1.0
-    assert pinned_reward(task, task.solution, "/run/obsspec-state") == 0.0
+    resets = []
+    request = Sandbox._request
+
+    async def watched(self, op, *args, **kwargs):
+        result = await request(self, op, *args, **kwargs)
+        if op == "reset":
+            resets.append(result.exit_code)
+        return result
+
+    monkeypatch.setattr(Sandbox, "_request", watched)
+    for _ in range(3):
+        got = pinned_reward(task, task.solution, "/run/obsspec-state")
+        if resets[-1] == TAMPERED:
+            assert got == 0.0, "a pin the janitor found still let the verifier score"
+            return
+        assert resets[-1] == 0 and got == 1.0, (resets, got)  # the pin was gone: an honest episode
+    pytest.fail("the janitor found none of three pins of the harness's state dir")
 
 
 def _busy(n: int) -> list[subprocess.Popen]:

@@ -140,3 +140,18 @@ def test_a_work_folder_of_other_task_settings_is_refused(tmp_path):
         json.dump({"tasks": suite_settings(other)}, f)
     with pytest.raises(bases.BasesError, match="other tasks.* settings.*--work"):
         build_bases(recipe, str(tmp_path / "out"), str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["tiny-cpu.yaml", "tiny-cpu-bases.yaml", "tiny-cpu-vllm.yaml"])
+def test_the_shipped_bases_fit_the_recipes_that_name_them(name):
+    """What `bases_mismatch` checks, short of preparing the suite: a recipe that names the shipped
+    bases but reads other hints, or draws another suite, would silently build its quick kit."""
+    from obsspec.env.suite import suite_settings
+
+    recipe = load_recipe(f"recipes/{name}")
+    assert recipe.kit.bases == "tiny-cpu"
+    built = bases.read_manifest(bases.bases_dir("tiny-cpu"))["built_for"]
+    assert built["tasks"] == suite_settings(recipe.tasks)
+    assert (built["snapshot_tokens"], built.get("hint_tokens", 0)) == \
+        (recipe.world_model.snapshot_budget, recipe.world_model.hint_tokens)
+    assert recipe.policy.max_context <= built["max_length"]

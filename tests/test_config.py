@@ -109,12 +109,12 @@ def test_to_dict_round_trips():
     ("kit.world_model_tasks=-5", ["kit.world_model_tasks", "must be >= 0"]),
     ("kit.mistakes=-1", ["kit.mistakes must be >= 0"]),
     ("kit.copy_steps=-1", ["kit.copy_steps must be >= 0"]),
-    ("kit.copy_steps=100", ["kit.copy_steps (100)", "world_model.workspace_snapshot"]),
+    ("kit.copy_steps=100 world_model.hint_tokens=0", ["kit.copy_steps (100)", "world_model.workspace_snapshot"]),
     ("kit.digits_per_token=4", ["kit.digits_per_token must be 1, 2 or 3"]),
 ])
 def test_cross_section_mistakes_are_one_line_naming_the_keys(override, words):
     with pytest.raises(ConfigError) as e:
-        load_recipe(os.path.join(ROOT, "recipes", "tiny-cpu.yaml"), [override])
+        load_recipe(os.path.join(ROOT, "recipes", "tiny-cpu.yaml"), override.split())
     message = str(e.value)
     assert "\n" not in message and all(w in message for w in words), message
 

@@ -156,7 +156,8 @@ def test_what_a_hint_shows_is_what_the_sandbox_prints():
 def test_recipe_key_and_bases_fit(tmp_path):
     rec = load_recipe("recipes/tiny-cpu.yaml", ["world_model.hint_tokens=256"])
     assert rec.world_model.reads_workspace and rec.world_model.extra_tokens(3) == 768
-    assert not load_recipe("recipes/tiny-cpu.yaml").world_model.reads_workspace
+    assert load_recipe("recipes/tiny-cpu.yaml").world_model.hint_tokens == 384  # the shipped bases' hints
+    assert not load_recipe("recipes/tiny-cpu.yaml", ["world_model.hint_tokens=0"]).world_model.reads_workspace
     with pytest.raises(ConfigError, match="hint_tokens must be 0 .off. or between 64 and 32768"):
         load_recipe(None, ["world_model.hint_tokens=8"])
     load_recipe(None, ["kit.copy_steps=10", "world_model.hint_tokens=128"])  # copies need a snapshot or hints

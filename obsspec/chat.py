@@ -3,8 +3,9 @@
 This is the one place where tool calls are rendered and parsed and observation bodies are built;
 it works on `str`, and the tokenizer layer sits on top of it.
 
-Tool calls (Qwen3-coder XML). `render_tool_call` puts every tag on its own line, so a value sits
-between one newline after its opening tag and one before its closing tag:
+Tool calls come in two forms, and `parse_action` takes both (`Action.form` says which it was).
+Qwen3-Coder's XML (`render_tool_call`) puts every tag on its own line, so a value sits between
+one newline after its opening tag and one before its closing tag:
 
     <tool_call>
     <function=bash>
@@ -23,7 +24,17 @@ trailing "\\n" if present, nothing else, so render -> parse gives every value ba
 the FIRST `</tool_call>` and a value at the FIRST `</parameter>`, so no value can hold either
 string: render raises ValueError, and `echo '</parameter>'` written by a policy is a "malformed
 tool call". Only the first `<tool_call>` counts; text before it (reasoning) and after it is
-ignored. Tools: `bash(command, timeout=None)` (timeout: integer seconds, 1..600) and `done()`.
+ignored, except a reasoning block: when `<think>` comes before the first `<tool_call>`, the call
+is looked for after the first `</think>` (an unclosed one is "no tool call").
+
+Qwen3's own form (`render_json_call`, what its chat template writes for a tool call) is one JSON
+object inside the same tags: `<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n
+</tool_call>`. Its `arguments` may be an object or a string holding one (as the template takes
+it); `timeout` an integer or a string of digits; a null timeout is no timeout. The call still
+ends at the first `</tool_call>`, so a command cannot hold that string in either form.
+Tools: `bash(command, timeout=None)` (timeout: integer seconds, 1..600) and `done()`. Which form
+the system prompt teaches is the recipe's `policy.tool_format` (obsspec/tool_prompt.py); only
+the message for a call that is in neither form depends on it.
 
 Observation body; the policy sees `wrap_observation(body)` = OBS_OPEN + body + OBS_CLOSE, i.e.
 "<tool_response>\\n" + body + "\\n</tool_response>" as in Qwen3's chat template, and a world
@@ -46,11 +57,14 @@ a fixed point of it.
 from __future__ import annotations
 
 import codecs
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 PARAM_CLOSE = "</parameter>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOL_FORMATS = ("xml", "json")
 OBS_OPEN = "<tool_response>\n"
 OBS_CLOSE = "\n</tool_response>"
 NO_OUTPUT = "(no output)"
@@ -60,6 +74,10 @@ DEFAULT_MAX_COMMAND_CHARS = 16384
 # Fixed error messages: they become the observation the agent sees, so no input is echoed back.
 NO_TOOL_CALL = "no tool call found"
 EXPECTED_FUNCTION = "malformed tool call: expected <function=NAME> after <tool_call>"
+EXPECTED_JSON = 'malformed tool call: expected {"name": ..., "arguments": {...}} after <tool_call>'
+BAD_JSON = "malformed tool call: the JSON after <tool_call> does not parse"
+DUPLICATE_KEY = "malformed tool call: a key appears twice in the JSON"
+UNCLOSED_THINK = "no tool call found: <think> without </think>"
 EXPECTED_PARAMETER = "malformed tool call: expected <parameter=NAME> or </function>"
 UNCLOSED_PARAMETER = "malformed tool call: unclosed <parameter=...>"
 MISSING_CALL_CLOSE = "malformed tool call: missing </tool_call>"
@@ -72,6 +90,7 @@ MISSING_COMMAND = "bash: missing parameter 'command'"
 EMPTY_COMMAND = "bash: empty command"
 BAD_TIMEOUT = f"bash: timeout must be an integer from 1 to {MAX_TIMEOUT_S}"
 NUL_IN_COMMAND = "bash: command contains a NUL character"
+COMMAND_NOT_STRING = "bash: command must be a string"
 SURROGATE_IN_COMMAND = "bash: command contains invalid unicode (lone surrogate)"
 
 
@@ -84,12 +103,16 @@ def command_too_long(max_chars: int) -> str:
 
 @dataclass(frozen=True)
 class Action:
-    """A parsed policy turn. kind: "bash" (command, timeout), "done", or "error" (error)."""
+    """A parsed policy turn. kind: "bash" (command, timeout), "done", or "error" (error).
+
+    `form`: "xml" or "json", the form the call was written in ("" when there was no call, or it
+    was in neither form). Not compared: the same call in either form is the same action."""
 
     kind: str
     command: str = ""
     timeout: int | None = None
     error: str = ""
+    form: str = field(default="", compare=False)
 
 
 _WS = r"[ \t\r\n]*"
@@ -100,7 +123,9 @@ _FUNCTION_CLOSE = re.compile(f"{_WS}</function>")
 
 
 class _Malformed(Exception):
-    pass
+    def __init__(self, message: str, form: str = "xml"):
+        super().__init__(message)
+        self.form = form  # "" for a call in neither form
 
 
 def render_tool_call(name: str, params: dict[str, str] | None = None) -> str:
@@ -116,13 +141,23 @@ def render_tool_call(name: str, params: dict[str, str] | None = None) -> str:
     return "\n".join([*lines, "</function>", CALL_CLOSE])
 
 
-def render_bash(command: str, timeout: int | None = None) -> str:
+def render_json_call(name: str, arguments: dict | None = None) -> str:
+    """One call in Qwen3's JSON form, as its chat template writes a message's tool call."""
+    text = json.dumps(arguments or {}, ensure_ascii=False)  # (the template's `tojson`)
+    if CALL_CLOSE in text:
+        raise ValueError(f"a JSON tool call cannot contain {CALL_CLOSE!r}")
+    return f'{CALL_OPEN}\n{{"name": "{_checked_name(name)}", "arguments": {text}}}\n{CALL_CLOSE}'
+
+
+def render_bash(command: str, timeout: int | None = None, form: str = "xml") -> str:
+    if form == "json":
+        return render_json_call("bash", {"command": command, **({} if timeout is None else {"timeout": timeout})})
     timeout_param = {} if timeout is None else {"timeout": str(timeout)}
     return render_tool_call("bash", {"command": command, **timeout_param})
 
 
-def render_done() -> str:
-    return render_tool_call("done")
+def render_done(form: str = "xml") -> str:
+    return render_json_call("done") if form == "json" else render_tool_call("done")
 
 
 def _checked_name(name: str) -> str:
@@ -131,35 +166,50 @@ def _checked_name(name: str) -> str:
     return name
 
 
-def parse_action(text: str, *, max_command_chars: int = DEFAULT_MAX_COMMAND_CHARS) -> Action:
-    """Parse the first tool call in `text`; every problem becomes kind="error" with a fixed message."""
+def parse_action(text: str, *, tool_format: str = "xml",
+                 max_command_chars: int = DEFAULT_MAX_COMMAND_CHARS) -> Action:
+    """Parse the first tool call in `text`, in either form; every problem becomes kind="error"
+    with a fixed message. `tool_format`, the form the prompt teaches, only picks the message for
+    a call in neither form."""
+    if tool_format not in TOOL_FORMATS:
+        raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
     start = text.find(CALL_OPEN)
+    think = text.find(THINK_OPEN)
+    if 0 <= think and (start < 0 or think < start):
+        # Reasoning may quote a call; the one that counts comes after it.
+        think_end = text.find(THINK_CLOSE, think)
+        if think_end < 0:
+            return Action("error", error=UNCLOSED_THINK)
+        start = text.find(CALL_OPEN, think_end)
     if start < 0:
         return Action("error", error=NO_TOOL_CALL)
-    # The call ends at the first </tool_call>, as in common Qwen3-coder parsers and stop strings.
+    # The call ends at the first </tool_call>, as in common Qwen3 parsers and stop strings.
     end = text.find(CALL_CLOSE, start)
     if end < 0:
         return Action("error", error=MISSING_CALL_CLOSE)
+    inner = text[start + len(CALL_OPEN):end]
+    form = "json" if inner.lstrip(" \t\r\n").startswith("{") else "xml"
     try:
-        name, params = _parse_call(text[start + len(CALL_OPEN):end])
+        name, params = _parse_json_call(inner) if form == "json" else _parse_call(inner, tool_format)
     except _Malformed as e:
-        return Action("error", error=str(e))
+        return Action("error", error=str(e), form=e.form)
     if name == "done":
-        return Action("done") if not params else Action("error", error=DONE_TAKES_NO_PARAMETERS)
+        return Action("error", error=DONE_TAKES_NO_PARAMETERS, form=form) if params else Action("done", form=form)
     if name != "bash":
-        return Action("error", error=UNKNOWN_FUNCTION)
+        return Action("error", error=UNKNOWN_FUNCTION, form=form)
     message = _bash_error(params, max_command_chars)
     if message:
-        return Action("error", error=message)
+        return Action("error", error=message, form=form)
     values = dict(params)
     timeout = values.get("timeout")
-    return Action("bash", command=values["command"], timeout=None if timeout is None else int(timeout))
+    return Action("bash", command=values["command"], timeout=None if timeout is None else int(timeout),
+                  form=form)
 
 
-def _parse_call(text: str) -> tuple[str, list[tuple[str, str]]]:
+def _parse_call(text: str, tool_format: str = "xml") -> tuple[str, list[tuple[str, str]]]:
     match = _FUNCTION_OPEN.match(text)
     if not match:
-        raise _Malformed(EXPECTED_FUNCTION)
+        raise _Malformed(_NEITHER[tool_format], form="")
     name, pos, params = match[1], match.end(), []
     while not (close := _FUNCTION_CLOSE.match(text, pos)):
         match = _PARAM_OPEN.match(text, pos)
@@ -173,6 +223,40 @@ def _parse_call(text: str) -> tuple[str, list[tuple[str, str]]]:
     if text[close.end():].strip(" \t\r\n"):
         raise _Malformed(TEXT_AFTER_FUNCTION)
     return name, params
+
+
+_NEITHER = {"xml": EXPECTED_FUNCTION, "json": EXPECTED_JSON}
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise _Malformed(DUPLICATE_KEY, form="json")
+    return dict(pairs)
+
+
+def _parse_json_call(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """(name, [(parameter, value as text)]) of a JSON call, checked as far as its form goes."""
+    try:
+        call = json.loads(text, object_pairs_hook=_unique_keys)
+        arguments = call.get("arguments", {}) if isinstance(call, dict) else None
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError):  # (JSONDecodeError is a ValueError)
+        raise _Malformed(BAD_JSON, form="json") from None
+    if not (isinstance(call, dict) and set(call) <= {"name", "arguments"} and isinstance(call.get("name"), str)
+            and isinstance(arguments, dict)):
+        raise _Malformed(EXPECTED_JSON, form="json")
+    params = []
+    for key, value in arguments.items():
+        if key == "timeout" and value is None:
+            continue  # null: no timeout
+        if key == "command" and call["name"] == "bash" and not isinstance(value, str):
+            raise _Malformed(COMMAND_NOT_STRING, form="json")
+        # An integer timeout is checked as its digits; anything else that is not text fails that check.
+        text_value = value if isinstance(value, str) else str(value) if type(value) is int else "?"
+        params.append((key, text_value))
+    return call["name"], params
 
 
 def _strip_one_newline(value: str) -> str:
@@ -203,24 +287,6 @@ def _bash_error(params: list[tuple[str, str]], max_chars: int) -> str:
     if timeout is None or (re.fullmatch("[0-9]{1,9}", timeout) and 1 <= int(timeout) <= MAX_TIMEOUT_S):
         return ""
     return BAD_TIMEOUT
-
-
-def tools_description() -> str:
-    """The fixed text that tells the policy its tools and the call format (system prompt)."""
-    return f"""You work in a Linux terminal through tools. Call exactly one tool per reply, like this:
-
-{render_bash("ls -la")}
-
-Tools:
-- bash(command, timeout): runs `command` in a persistent bash shell (the working directory and
-  variables carry over between calls). `timeout` is optional: whole seconds, 1 to {MAX_TIMEOUT_S}.
-  The result is the combined stdout and stderr (cut if long) followed by (exit_code=N).
-- done(): call it, with no parameters, when the task is complete; it ends the episode:
-
-{render_done()}
-
-Only the first tool call in a reply is used. A parameter value cannot contain the text
-{PARAM_CLOSE} or {CALL_CLOSE}."""
 
 
 # ---------------------------------------------------------------------------- observations

@@ -83,7 +83,7 @@ async def _run_on(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live
                   wm_path: str, adapter, episodes: list[Task], recorded) -> dict:
     cfg, pol = recipe.rollout, recipe.policy
     policy, tokenizer = make_engine(pol, policy_path, pol.max_batch_size)
-    fmt = ChatFormat(tokenizer)
+    fmt = ChatFormat(tokenizer, **pol.chat_layout)
     wm_engine = None
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, MODELS), "w") as f:  # (folders absolute: a replay may run elsewhere)

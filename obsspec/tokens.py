@@ -2,33 +2,38 @@
 
 A trajectory is kept as token ids from its first token to its last and is never re-tokenized from
 text; this module says which ids go where. The layout is Qwen3's (ChatML), with the observation
-in a user turn wrapped in `<tool_response>` as Qwen3's chat template does it:
+in a user turn wrapped in `<tool_response>` as Qwen3's chat template does it. GEN is the
+generation prompt: "<|im_start|>assistant\\n" with `thinking` on (Qwen3's default: the model
+may open its own `<think>` block), "<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n" with it off
+(what Qwen3's template writes for enable_thinking=False):
 
     prompt_ids(instruction)       "<|im_start|>system\\n{tools}<|im_end|>\\n"
-                                  "<|im_start|>user\\n{instruction}<|im_end|>\\n"
-                                  "<|im_start|>assistant\\n"                         (one encode)
+                                  "<|im_start|>user\\n{instruction}<|im_end|>\\n" + GEN  (one encode)
     action (the policy's output)  "<tool_call>...</tool_call>" + "<|im_end|>"       (generated;
                                   `<|im_end|>` is the stop token and belongs to the action)
     observation_ids(body)         OBS_PREFIX = "\\n<|im_start|>user\\n" + chat.OBS_OPEN
                                   + body
-                                  + chat.OBS_CLOSE + AFTER_OBS
-                                  where AFTER_OBS = "<|im_end|>\\n<|im_start|>assistant\\n"
+                                  + chat.OBS_CLOSE + after_obs
+                                  where after_obs = "<|im_end|>\\n" + GEN
 
 with chat.OBS_OPEN = "<tool_response>\\n" and chat.OBS_CLOSE = "\\n</tool_response>", so the
 observation reads "\\n<|im_start|>user\\n<tool_response>\\n{body}\\n</tool_response><|im_end|>\\n
-<|im_start|>assistant\\n". The "\\n" after an action's `<|im_end|>` is the first observation token
-(the policy never generates it). The four pieces OBS_PREFIX, body, OBS_CLOSE and AFTER_OBS are
-encoded SEPARATELY and concatenated, so:
+<|im_start|>assistant\\n" (+ the empty think block with thinking off). {tools} is
+`tool_prompt.system_prompt(tool_format)`. The "\\n" after an action's `<|im_end|>` is the first
+observation token (the policy never generates it). The four pieces OBS_PREFIX, body, OBS_CLOSE
+and after_obs are encoded SEPARATELY and concatenated, so:
 - the body's ids are exactly `encode(body)`, whatever it starts or ends with; speculation
   compares these ids (docs/ROLLOUT.md, "One turn");
 - the world model's prompt is `history + action + encode(OBS_PREFIX)` and its target is
   `encode(body) + encode(OBS_CLOSE)`, which is token for token what the policy sees next.
+Where that differs from Qwen3's template (which encodes each turn as one text), and how earlier
+turns' think blocks compare: docs/MODELS.md, "Token layout".
 A malformed call gets `observation_ids(chat.error_observation(message))`: the same wrapper.
 A `done()` call ends the episode; nothing follows its `<|im_end|>`.
 
-    fmt = ChatFormat(tokenizer)
+    fmt = ChatFormat(tokenizer)                      # or ChatFormat(tok, **recipe.policy.chat_layout)
     ids = fmt.prompt_ids(task.instruction)
-    ids += fmt.action_ids(chat.render_bash("ls"))
+    ids += fmt.action_ids(fmt.render_bash("ls"))
     obs, body = fmt.observation_ids("a.txt\\n\\n(exit_code=0)")
     assert obs[body] == fmt.encode_text("a.txt\\n\\n(exit_code=0)")
 """
@@ -39,28 +44,39 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from obsspec import chat
+from obsspec.tool_prompt import system_prompt
 
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 OBS_PREFIX = f"\n{IM_START}user\n{chat.OBS_OPEN}"
-AFTER_OBS = f"{IM_END}\n{IM_START}assistant\n"
+EMPTY_THINK = f"{chat.THINK_OPEN}\n\n{chat.THINK_CLOSE}\n\n"
+AFTER_OBS = f"{IM_END}\n{IM_START}assistant\n"  # (thinking on: the tiny kit's layout)
 
 
-def prompt_text(instruction: str) -> str:
+def generation_prompt(thinking: bool = True) -> str:
+    """Where each policy turn starts: Qwen3's generation prompt for enable_thinking on / off."""
+    return f"{IM_START}assistant\n" + ("" if thinking else EMPTY_THINK)
+
+
+def prompt_text(instruction: str, *, thinking: bool = True, tool_format: str = "xml") -> str:
     """The prompt as text (what `apply_chat_template` gives for [system, user] + generation prompt)."""
-    return (f"{IM_START}system\n{chat.tools_description()}{IM_END}\n"
-            f"{IM_START}user\n{instruction}{IM_END}\n{IM_START}assistant\n")
+    return (f"{IM_START}system\n{system_prompt(tool_format)}{IM_END}\n"
+            f"{IM_START}user\n{instruction}{IM_END}\n{generation_prompt(thinking)}")
 
 
 class ChatFormat:
-    """Token ids of every piece of a trajectory, for one tokenizer (a transformers tokenizer)."""
+    """Token ids of every piece of a trajectory, for one tokenizer (a transformers tokenizer) and
+    one layout: `thinking` and `tool_format` are the recipe's policy keys (PolicyConfig.chat_layout)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, *, thinking: bool = True, tool_format: str = "xml"):
+        if tool_format not in chat.TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {chat.TOOL_FORMATS}, got {tool_format!r}")
         self.tokenizer = tokenizer
+        self.thinking, self.tool_format = bool(thinking), tool_format
         self.im_end_id = self._single_token(IM_END)
         self.im_start_id = self._single_token(IM_START)
         self.obs_prefix_ids = self.encode(OBS_PREFIX)
         self.obs_close_ids = self.encode(chat.OBS_CLOSE)
-        self.after_obs_ids = self.encode(AFTER_OBS)
+        self.after_obs_ids = self.encode(IM_END + "\n" + generation_prompt(self.thinking))
         close_tag = self.encode("</tool_response>")
         # The world model stops on `</tool_response>`: on its token where it is one, else on the text.
         self.wm_stop_token_ids: tuple[int, ...] = tuple(close_tag) if len(close_tag) == 1 else ()
@@ -89,11 +105,18 @@ class ChatFormat:
     # ---- the pieces --------------------------------------------------------------------------
 
     def prompt_ids(self, instruction: str) -> list[int]:
-        return self.encode(prompt_text(instruction))
+        return self.encode(prompt_text(instruction, thinking=self.thinking, tool_format=self.tool_format))
 
     def action_ids(self, text: str) -> list[int]:
-        """A scripted action (e.g. `chat.render_bash(cmd)`) as the policy would emit it: + <|im_end|>."""
+        """A scripted action (e.g. `fmt.render_bash(cmd)`) as the policy would emit it: + <|im_end|>."""
         return self.encode(text) + [self.im_end_id]
+
+    def render_bash(self, command: str, timeout: int | None = None) -> str:
+        """A bash call in the form the prompt teaches."""
+        return chat.render_bash(command, timeout, form=self.tool_format)
+
+    def render_done(self) -> str:
+        return chat.render_done(form=self.tool_format)
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
@@ -159,8 +182,12 @@ class ChatFormat:
         """What the world model is trained to write: body + closing tag (it stops there)."""
         return self.encode_text(body) + self.obs_close_ids
 
+    def parse(self, text: str) -> chat.Action:
+        """A policy turn's text as an action (either call form; errors worded for the taught one)."""
+        return chat.parse_action(text, tool_format=self.tool_format)
+
     def parse_action(self, action_ids: Sequence[int]) -> chat.Action:
-        return chat.parse_action(self.decode(action_ids))
+        return self.parse(self.decode(action_ids))
 
 
 @dataclass(frozen=True)
@@ -182,7 +209,7 @@ class WorldView:
         out_ids, out_mask, at = [*self.prefix], [0] * len(self.prefix), 0
         if self.hint is not None:
             for pos, action in self.fmt.calls(ids):
-                parsed = chat.parse_action(action)
+                parsed = self.fmt.parse(action)
                 extra = list(self.hint(parsed.command)) if parsed.kind == "bash" else []
                 out_ids += ids[at:pos] + extra
                 out_mask += mask[at:pos] + [0] * len(extra)
@@ -238,10 +265,10 @@ def transcript(fmt: ChatFormat, instruction: str, steps: Sequence[tuple[str, str
     t = Transcript()
     t.add(fmt.prompt_ids(instruction))
     for command, body in steps:
-        t.add(fmt.action_ids(chat.render_bash(command)), action=1)
+        t.add(fmt.action_ids(fmt.render_bash(command)), action=1)
         t.add(fmt.obs_prefix_ids)
         t.add(fmt.wm_target_ids(body), wm=1)
         t.add(fmt.after_obs_ids)
     if done:
-        t.add(fmt.action_ids(chat.render_done()), action=1)
+        t.add(fmt.action_ids(fmt.render_done()), action=1)
     return t

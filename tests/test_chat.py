@@ -21,9 +21,9 @@ from obsspec.chat import (
     render_done,
     render_tool_call,
     split_draft,
-    tools_description,
     wrap_observation,
 )
+from obsspec.tool_prompt import system_prompt, xml_description
 
 LS = "<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n</function>\n</tool_call>"
 
@@ -209,10 +209,10 @@ def test_action_is_frozen():
 
 
 def test_tools_description_shows_the_exact_call_format():
-    text = tools_description()
+    text = xml_description()
     assert LS in text and render_done() in text
     assert "bash(command, timeout)" in text and "done()" in text and "1 to 600" in text
-    assert tools_description() == text
+    assert xml_description() == text == system_prompt("xml")
 
 
 # ---------------------------------------------------------------------------- observations

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerFast
 from obsspec import chat
 from obsspec.models.tokenizer import corpus_texts, train_tokenizer, wrap
 from obsspec.tokens import OBS_PREFIX, ChatFormat, prompt_text, transcript
+from obsspec.tool_prompt import xml_description
 
 INSTRUCTION = "Count the lines of data/notes.txt and write the number to count.txt."
 STEPS = [
@@ -47,12 +48,12 @@ def fmt(tokenizer):
 
 
 def test_prompt_layout_is_qwen3_chatml(fmt, tokenizer):
-    expected = (f"<|im_start|>system\n{chat.tools_description()}<|im_end|>\n"
+    expected = (f"<|im_start|>system\n{xml_description()}<|im_end|>\n"
                 f"<|im_start|>user\n{INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n")
     assert prompt_text(INSTRUCTION) == expected
     assert fmt.decode(fmt.prompt_ids(INSTRUCTION)) == expected
     # The same ids as the tokenizer's chat template for plain messages.
-    messages = [{"role": "system", "content": chat.tools_description()},
+    messages = [{"role": "system", "content": xml_description()},
                 {"role": "user", "content": INSTRUCTION}]
     templated = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     assert fmt.prompt_ids(INSTRUCTION) == list(templated["input_ids"])
@@ -183,7 +184,7 @@ def test_transcript_masks_mark_exactly_actions_and_wm_targets(fmt, tokenizer):
     assert t.wm_mask == [w for ids, _, w in pieces for _ in ids]
     assert not any(a and w for a, w in zip(t.action_mask, t.wm_mask))
     # The transcript's text is what the chat template renders for the same conversation.
-    messages = [{"role": "system", "content": chat.tools_description()},
+    messages = [{"role": "system", "content": xml_description()},
                 {"role": "user", "content": INSTRUCTION}]
     for command, body in STEPS:
         messages += [{"role": "assistant", "content": chat.render_bash(command)},

@@ -36,9 +36,24 @@ class PolicyConfig:
     max_context: int = doc(2048, "Longest trajectory, in tokens; the episode ends there (within "
                                   "the policy's positions: kit.max_length for 'tiny').")
     max_turns: int = doc(8, "Most policy turns per episode.")
+    thinking: bool = doc(True, "Qwen3's thinking switch (its chat template's enable_thinking). on: every "
+                               "turn's generation prompt is `<|im_start|>assistant\\n` and the model may open "
+                               "its own <think> block, inside max_new_tokens (Qwen3's default; the tiny "
+                               "kit's layout). off: it carries an empty think block `<think>\\n\\n</think>"
+                               "\\n\\n`, as the template writes it (docs/MODELS.md, \"Token layout\").")
+    tool_format: str = doc("xml", "The tool-call form the system prompt teaches: xml (Qwen3-Coder's "
+                                  "<function=bash><parameter=command>; the tiny kit's and the published "
+                                  "recipe's) or json (Qwen3's own {\"name\": ..., \"arguments\": {...}} in "
+                                  "<tool_call>, with its template's tools block). Calls in either form are "
+                                  "parsed and counted (calls/xml, calls/json, calls/malformed).")
 
     def __post_init__(self) -> None:
         check_engine("policy", self.engine, self.server_url)
+        if self.tool_format not in ("xml", "json"):
+            raise ValueError(f"policy.tool_format must be xml or json (got {self.tool_format!r})")
+        if self.model == "tiny" and (self.tool_format != "xml" or not self.thinking):
+            raise ValueError("the tiny kit's policy was trained with policy.tool_format xml and "
+                             "policy.thinking on: set them so, or name another policy.model")
         if self.priority_scheduling and self.engine != "vllm":
             raise ValueError("policy.priority_scheduling is for engine vllm (the hf engine always runs "
                              "speculative work at a lower priority)")
@@ -54,6 +69,11 @@ class PolicyConfig:
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"policy.temperature must be >= 0 and policy.top_p in (0, 1] "
                              f"(got {self.temperature}, {self.top_p})")
+
+    @property
+    def chat_layout(self) -> dict:
+        """The prompt's layout as `ChatFormat` keyword arguments: ChatFormat(tok, **policy.chat_layout)."""
+        return {"thinking": self.thinking, "tool_format": self.tool_format}
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,11 @@
 - spec/wm_drafts_unusable       world-model generations that never closed the observation
 - spec/wm_prompt_too_long       world-model prompts longer than its positions (history, snapshot
                                 and hints): no draft, never a miss
+- calls/xml, calls/json          committed turns whose tool call parsed, by the form it was
+                                written in (either is taken, whichever the prompt teaches)
+- calls/malformed, calls/malformed_frac
+                                committed turns that were no valid call (no call, malformed,
+                                unknown tool, bad parameters) and their share of all turns
 - latency_saved_sec, latency_saved_frac
                                 the time speculation hid (= spec/overlap_sec: generation that ran
                                 while the tool ran, which a sequential rollout waits for) and its
@@ -124,6 +129,7 @@ class SpecMetrics:
         self.calibration = Counter()
         self.wm_verdicts = Counter()          # (command class, "n" | "hits") of the world model's own drafts
         self.delay = None                     # the policy engine's SchedulingStats over the batch
+        self.calls = Counter()                # committed turns: "xml" | "json" (valid) | "malformed"
 
     def merge(self, other: "SpecMetrics") -> None:
         """Add another process's finished rollouts (episode numbers differ between processes)."""
@@ -190,6 +196,8 @@ class SpecMetrics:
             if _source(d) == "world_model":
                 self.wm_verdicts[(d["cls"], "n")] += 1
                 self.wm_verdicts[(d["cls"], "hits")] += bool(d["hit"])
+        elif e.kind == "action":
+            self.calls["malformed" if d["kind"] == "error" else d["form"]] += 1
         elif e.kind == "request_end":
             self.outcomes[(d["role"], d["outcome"])] += 1
             if d["role"] == "policy" and d["outcome"] == "cancelled":
@@ -233,6 +241,7 @@ class SpecMetrics:
         rewards = [r for r in self.rewards.values() if r is not None]
         wm_mean = statistics.fmean(self.wm_sec) if self.wm_sec else None
         tool_mean = statistics.fmean(self.tool_sec) if self.tool_sec else None
+        turns = sum(self.calls.values())
         return {
             "episodes": len(self.latencies),
             "latency_p50_sec": percentile(lat, 0.5), "latency_p95_sec": percentile(lat, 0.95),
@@ -266,6 +275,8 @@ class SpecMetrics:
             "spec/wm_drafts_unusable": self.wm_drafts_unusable,
             "spec/wm_prompt_too_long": self.wm_prompt_too_long,
             "spec/requests": {f"{role}/{outcome}": n for (role, outcome), n in sorted(self.outcomes.items())},
+            **{f"calls/{k}": self.calls[k] for k in ("xml", "json", "malformed")},
+            "calls/malformed_frac": self.calls["malformed"] / turns if turns else None,
         }
 
 

@@ -130,7 +130,8 @@ class Scheduler:
                     gen = await self._generate(traj.ids, episode, turn, speculative=False)
                 traj.append_action(gen.token_ids, gen.logprobs)
                 text = fmt.decode(gen.token_ids)
-                action = chat.parse_action(text)
+                action = fmt.parse(text)
+                self.bus.emit("action", episode, turn, kind=action.kind, form=action.form)
                 if action.kind != "bash" and carried is not None:
                     await self._drop(carried, "not_a_command")  # (it found no command either)
                     carried = None
@@ -363,7 +364,7 @@ class Scheduler:
         if gen_task.cancelled() or gen_task.exception() is not None:
             return []
         gen = gen_task.result()
-        action = chat.parse_action(self.fmt.decode(gen.token_ids))
+        action = self.fmt.parse(self.fmt.decode(gen.token_ids))
         if action.kind != "bash":
             return []
         ids = prompt + list(gen.token_ids)

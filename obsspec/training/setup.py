@@ -80,7 +80,7 @@ def _build(recipe: Recipe, out_dir: str, state, live, display, train, val, polic
         from obsspec.models.tiny import load_pretrained
 
         model, _ = load_pretrained(policy_path, device=recipe.policy.device)
-    fmt = ChatFormat(tokenizer)
+    fmt = ChatFormat(tokenizer, **recipe.policy.chat_layout)
     speculative = t.speculative and recipe.rollout.predictor != "none"
     wm_engine = predictor = None
     if speculative:

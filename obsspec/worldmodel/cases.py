@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from obsspec import chat
 from obsspec.rollout.trajectory import Trajectory
 from obsspec.tokens import ChatFormat
 
@@ -38,7 +37,7 @@ def reference_cases(fmt: ChatFormat, rows: list[dict],
         snapshot = snapshots[row["task_id"]] if snapshots is not None else ()
         history = fmt.prompt_ids(row["instruction"])
         for step in row["steps"]:
-            action = fmt.action_ids(chat.render_bash(step["command"]))
+            action = fmt.action_ids(fmt.render_bash(step["command"]))
             cases.append(WMCase(tuple(fmt.wm_prompt_ids(history, action, snapshot)), step["observation"],
                                 step["command"]))
             history = history + action + fmt.observation_ids(step["observation"])[0]

@@ -69,7 +69,7 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
     eval_tasks = data.source_tasks(eval_sources) if snapshot_on else None
 
     model, tokenizer = load_pretrained(base_model_path(recipe, display), device=recipe.world_model.device)
-    fmt = ChatFormat(tokenizer)
+    fmt = ChatFormat(tokenizer, **recipe.policy.chat_layout)
     snapshots = workspace_snapshots(fmt, recipe)  # one builder: rows and cases share its snapshots
     summary: dict = {"command": "train-worldmodel", "out_dir": out_dir, "data": sources,
                      "eval_on": eval_sources, "wm_train": to_dict(cfg)}

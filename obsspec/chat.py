@@ -146,7 +146,9 @@ def render_json_call(name: str, arguments: dict | None = None) -> str:
     text = json.dumps(arguments or {}, ensure_ascii=False)  # (the template's `tojson`)
     if CALL_CLOSE in text:
         raise ValueError(f"a JSON tool call cannot contain {CALL_CLOSE!r}")
-    return f'{CALL_OPEN}\n{{"name": "{_checked_name(name)}", "arguments": {text}}}\n{CALL_CLOSE}'
+    if not re.fullmatch(r"[\w.-]+", name):  # the template writes the name unescaped
+        raise ValueError(f"invalid tool or parameter name {name!r}")
+    return f'{CALL_OPEN}\n{{"name": "{name}", "arguments": {text}}}\n{CALL_CLOSE}'
 
 
 def render_bash(command: str, timeout: int | None = None, form: str = "xml") -> str:

@@ -45,6 +45,8 @@ def test_validate_every_recipe(recipe):
 @pytest.mark.parametrize("args, message", [
     (["validate", "recipes/tiny-cpu.yaml", "sandbox.timout_s=3"], "unknown key 'sandbox.timout_s'"),
     (["validate", "missing.yaml"], "missing.yaml: recipe file not found"),
+    (["validate", "recipes/terminal-8b.yaml", "policy.tool_format=yaml"], "policy.tool_format must be xml or json"),
+    (["validate", "recipes/terminal-8b.yaml", "policy.thinking=sometimes"], "'policy.thinking' must be bool"),
     (["prepare-tasks", "recipes/tiny-cpu.yaml", "tasks.families=[no-such-family]", "--out", "/tmp/x"],
      "unknown task family 'no-such-family'"),
     (["shell", "not-a-task"], "not a built-in task id"),

@@ -68,6 +68,12 @@ def test_reset_override_restores_default(tmp_path):
      "policy.top_p = 0.9 with engine vllm"),
     ("", ["servers.launch=true"], "servers.launch is on but no section uses engine vllm"),
     ("", ["servers.world_model_gpus=gpu2"], "servers.world_model_gpus must be GPU indices"),
+    ("", ["policy.model=Qwen/Qwen3-8B", "policy.tool_format=JSON"], "policy.tool_format must be xml or json (got 'JSON')"),
+    ("policy:\n  thinking: maybe\n", [], "'policy.thinking' must be bool, got 'maybe'"),
+    ("", ["policy.thinking=2"], "'policy.thinking' must be bool"),
+    # the tiny kit's policy was trained on one layout only
+    ("", ["policy.tool_format=json"], "the tiny kit's policy was trained with policy.tool_format xml"),
+    ("", ["policy.thinking=off"], "and policy.thinking on"),
 ])
 def test_mistakes_are_one_clear_line_naming_file_and_key(tmp_path, text, overrides, message):
     p = tmp_path / "bad.yaml"
@@ -179,3 +185,13 @@ def test_one_group_size_for_training_and_the_rollout_command():
         load_recipe("recipes/tiny-cpu.yaml", ["rollout.group_size=3"])
     assert load_recipe("recipes/tiny-cpu.yaml", ["train.group_size=3", "train.tasks_per_step=2",
                                                  "train.micro_batch_size=6"]).train.group_size == 3
+
+
+def test_the_chat_layout_keys():
+    default = load_recipe(None)
+    assert (default.policy.thinking, default.policy.tool_format) == (True, "xml"), "the tiny kit's layout"
+    r = load_recipe(None, ["policy.model=Qwen/Qwen3-8B", "policy.tool_format=json", "policy.thinking=off"])
+    assert r.policy.chat_layout == {"thinking": False, "tool_format": "json"}
+    for name in ("8b", "32b"):  # set on purpose, not by default
+        gpu = load_recipe(os.path.join(ROOT, "recipes", f"terminal-{name}.yaml"))
+        assert gpu.policy.chat_layout == {"thinking": False, "tool_format": "json"}

@@ -11,8 +11,8 @@ from transformers import PreTrainedTokenizerFast
 
 from obsspec import chat
 from obsspec.models.tokenizer import corpus_texts, train_tokenizer, wrap
-from obsspec.tokens import OBS_PREFIX, ChatFormat, prompt_text, transcript
-from obsspec.tool_prompt import xml_description
+from obsspec.tokens import AFTER_OBS, OBS_PREFIX, ChatFormat, WorldView, prompt_text, transcript
+from obsspec.tool_prompt import system_prompt, xml_description
 
 INSTRUCTION = "Count the lines of data/notes.txt and write the number to count.txt."
 STEPS = [
@@ -198,3 +198,45 @@ def test_transcript_without_done_ends_after_the_last_observation(fmt):
     t = transcript(fmt, INSTRUCTION, STEPS, done=False)
     assert fmt.decode(t.ids).endswith("(exit_code=0)\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
     assert sum(t.action_mask) == sum(len(fmt.action_ids(chat.render_bash(c))) for c, _ in STEPS)
+
+
+# ---------------------------------------------------------------------------- layouts
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("form", ["xml", "json"])
+def test_each_layout_puts_its_generation_prompt_after_every_observation(tokenizer, thinking, form):
+    fmt = ChatFormat(tokenizer, thinking=thinking, tool_format=form)
+    gen = "<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n")
+    assert fmt.decode(fmt.prompt_ids(INSTRUCTION)) == prompt_text(INSTRUCTION, thinking=thinking, tool_format=form)
+    assert prompt_text(INSTRUCTION, thinking=thinking, tool_format=form) == (
+        f"<|im_start|>system\n{system_prompt(form)}<|im_end|>\n<|im_start|>user\n{INSTRUCTION}<|im_end|>\n{gen}")
+    ids, where = fmt.observation_ids(STEPS[0][1])
+    assert fmt.decode(ids) == f"\n<|im_start|>user\n<tool_response>\n{STEPS[0][1]}\n</tool_response><|im_end|>\n{gen}"
+    assert ids[where] == fmt.encode_text(STEPS[0][1]), "the body's ids do not depend on the layout"
+    assert fmt.wm_target_ids(STEPS[0][1]) == ChatFormat(tokenizer).wm_target_ids(STEPS[0][1])
+    # scripted actions and parsing follow the taught form
+    assert fmt.render_bash("ls") == chat.render_bash("ls", form=form)
+    action = fmt.parse_action(fmt.action_ids(fmt.render_bash("ls", 5)))
+    assert action == chat.Action("bash", "ls", 5) and action.form == form
+    t = transcript(fmt, INSTRUCTION, STEPS)
+    assert fmt.decode(t.ids).count(fmt.render_bash(STEPS[0][0])) == 1
+    assert t.ids[:len(fmt.prompt_ids(INSTRUCTION))] == fmt.prompt_ids(INSTRUCTION)
+
+
+def test_the_default_layout_is_the_tiny_kits(tokenizer):
+    fmt = ChatFormat(tokenizer)
+    assert (fmt.thinking, fmt.tool_format) == (True, "xml")
+    assert fmt.after_obs_ids == fmt.encode(AFTER_OBS)
+    assert prompt_text(INSTRUCTION) == prompt_text(INSTRUCTION, thinking=True, tool_format="xml")
+    with pytest.raises(ValueError, match="tool_format must be one of"):
+        ChatFormat(tokenizer, tool_format="yaml")
+
+
+def test_hints_find_json_calls_and_skip_reasoning(tokenizer):
+    fmt = ChatFormat(tokenizer, thinking=False, tool_format="json")
+    ids = fmt.prompt_ids(INSTRUCTION) + fmt.action_ids(fmt.render_bash("cat a.txt")) + fmt.observation_ids("x")[0]
+    ids += fmt.action_ids(fmt.render_bash("cat b.txt")) + fmt.obs_prefix_ids
+    view = WorldView(fmt=fmt, hint=lambda command: fmt.encode(f"[{command}]"))
+    out, _ = view.layout(ids)
+    assert fmt.decode(out).count("[cat a.txt]") == 1 and fmt.decode(out).count("[cat b.txt]") == 1

@@ -6,7 +6,7 @@ the live display) subscribe with a callable. Nothing else looks into the schedul
 Kinds (data fields in brackets):
     episode_start, episode_end [reward, turns, latency_sec, infra_error]
     policy_start [request_id, speculative], policy_done [request_id, tokens, speculative]
-    action [kind, form]                     a committed turn parsed: bash | done | error, and
+    action [parsed, form]                   a committed turn parsed: bash | done | error, and
                                             the call's form xml | json ("" for none)
     exec_start [command], exec_done [seconds, exit_code]
     wm_start [request_id], wm_draft [request_id, drafts, tokens]

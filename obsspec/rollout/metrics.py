@@ -197,7 +197,7 @@ class SpecMetrics:
                 self.wm_verdicts[(d["cls"], "n")] += 1
                 self.wm_verdicts[(d["cls"], "hits")] += bool(d["hit"])
         elif e.kind == "action":
-            self.calls["malformed" if d["kind"] == "error" else d["form"]] += 1
+            self.calls["malformed" if d["parsed"] == "error" else d["form"]] += 1
         elif e.kind == "request_end":
             self.outcomes[(d["role"], d["outcome"])] += 1
             if d["role"] == "policy" and d["outcome"] == "cancelled":

@@ -131,7 +131,7 @@ class Scheduler:
                 traj.append_action(gen.token_ids, gen.logprobs)
                 text = fmt.decode(gen.token_ids)
                 action = fmt.parse(text)
-                self.bus.emit("action", episode, turn, kind=action.kind, form=action.form)
+                self.bus.emit("action", episode, turn, parsed=action.kind, form=action.form)
                 if action.kind != "bash" and carried is not None:
                     await self._drop(carried, "not_a_command")  # (it found no command either)
                     carried = None

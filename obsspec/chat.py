@@ -28,7 +28,7 @@ ignored, except a reasoning block: when `<think>` comes before the first `<tool_
 is looked for after the first `</think>` (an unclosed one is "no tool call").
 
 Qwen3's own form (`render_json_call`, what its chat template writes for a tool call) is one JSON
-object inside the same tags: `<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n
+object inside the same tags: `<tool_call>\\n{"name": "bash", "arguments": {"command": "ls"}}\\n
 </tool_call>`. Its `arguments` may be an object or a string holding one (as the template takes
 it); `timeout` an integer or a string of digits; a null timeout is no timeout. The call still
 ends at the first `</tool_call>`, so a command cannot hold that string in either form.

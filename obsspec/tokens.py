@@ -27,7 +27,7 @@ and after_obs are encoded SEPARATELY and concatenated, so:
 - the world model's prompt is `history + action + encode(OBS_PREFIX)` and its target is
   `encode(body) + encode(OBS_CLOSE)`, which is token for token what the policy sees next.
 Where that differs from Qwen3's template (which encodes each turn as one text), and how earlier
-turns' think blocks compare: docs/MODELS.md, "Token layout".
+turns' think blocks compare: docs/CHAT.md, "Against Qwen3's chat template".
 A malformed call gets `observation_ids(chat.error_observation(message))`: the same wrapper.
 A `done()` call ends the episode; nothing follows its `<|im_end|>`.
 

@@ -5,7 +5,7 @@ BPE, its vocabulary padded up to 151643) and a Jinja template written from Qwen3
 layout (system + tools block, tool calls as JSON in <tool_call>, tool results as user turns in
 <tool_response>, think blocks kept after the last user query, enable_thinking's empty block),
 run through transformers' `apply_chat_template`. Where obsspec departs from the template on
-purpose, the test says exactly how (docs/MODELS.md, "Token layout").
+purpose, the test says exactly how (docs/CHAT.md, "Against Qwen3's chat template").
 
 Run: .venv/bin/python -m pytest -q tests/test_qwen3_layout.py
 """

@@ -40,7 +40,7 @@ class PolicyConfig:
                                "turn's generation prompt is `<|im_start|>assistant\\n` and the model may open "
                                "its own <think> block, inside max_new_tokens (Qwen3's default; the tiny "
                                "kit's layout). off: it carries an empty think block `<think>\\n\\n</think>"
-                               "\\n\\n`, as the template writes it (docs/MODELS.md, \"Token layout\").")
+                               "\\n\\n`, as the template writes it (docs/CHAT.md).")
     tool_format: str = doc("xml", "The tool-call form the system prompt teaches: xml (Qwen3-Coder's "
                                   "<function=bash><parameter=command>; the tiny kit's and the published "
                                   "recipe's) or json (Qwen3's own {\"name\": ..., \"arguments\": {...}} in "

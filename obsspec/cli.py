@@ -6,6 +6,7 @@
     obsspec build-bases recipes/tiny-cpu-bases.yaml
     obsspec serve recipes/tiny-cpu-vllm.yaml
     obsspec train-worldmodel recipes/tiny-cpu.yaml --data runs/tasks --data runs/rollout
+    obsspec export runs/train-tiny-cpu --out runs/exported
     obsspec demo
     obsspec report runs/rollout
     obsspec simulate --preset h100-8b --grid tool.median_s=1,3,10
@@ -53,11 +54,12 @@ def user_errors(fn):
         from obsspec.sim.config import SimError
         from obsspec.training.grpo import TrainError
         from obsspec.worldmodel.config import WorldModelError
+        from obsspec.export.source import ExportError
 
         try:
             return fn(*args, **kwargs)
         except (ConfigError, SuiteError, BasesError, HarborImportError, SandboxUnavailable, RolloutError,
-                ReportError, SimError, TrainError, WorldModelError, ServerError) as e:
+                ReportError, SimError, TrainError, WorldModelError, ServerError, ExportError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)
 
@@ -247,6 +249,46 @@ def train_cmd(
         from obsspec.ui.tables import print_training_table
 
         print_training_table(summary, rec.rollout.latency)
+@app.command("export")
+@user_errors
+def export_cmd(
+    run_dir: str = typer.Argument(..., help="A training run's folder (`obsspec train --out`)."),
+    out: str = typer.Option("", "--out", help="Where the export goes, a new folder (default: RUN/export/step-N)."),
+    step: Optional[int] = typer.Option(None, "--step", help="Export the checkpoint of this step."),
+    best: bool = typer.Option(False, "--best", help="Export the checkpoint of highest measured val success "
+                                                    "(`train.eval_checkpoints=true` measures every one)."),
+    adapters: bool = typer.Option(False, "--adapters", help="Also write the LoRA adapters alone "
+                                                            "(policy-lora/, world_model-lora/)."),
+    device: str = typer.Option("cpu", "--device", help="Where the merge runs: cpu or cuda."),
+):
+    """Write a run's trained policy and world model as model folders that load and serve as they are.
+
+    Takes the newest complete checkpoint (a run that was killed: says which one), `--step N`, or
+    `--best`. OUT/policy/ is the policy with its LoRA merged into the base, in the base's dtype,
+    with the tokenizer and chat template: `AutoModelForCausalLM.from_pretrained`, `vllm serve`
+    and `policy.model=OUT/policy` load it. OUT/world_model/ is the world model that checkpoint's
+    rollouts would have used, merged the same way. OUT/README.md is the model card (recipe, step,
+    val figures, speculation's figures); OUT/obsspec.json holds the command and commit.
+
+    **Examples**
+
+        obsspec export runs/train-tiny-cpu --out runs/exported
+
+        obsspec export runs/train-tiny-cpu --best --adapters --out runs/best
+
+        obsspec export runs/train-terminal-8b --step 200 --device cuda --out /data/terminal-8b-step200
+
+        vllm serve runs/exported/policy
+    """
+    from obsspec.export.run import export_run
+
+    summary = export_run(run_dir, out, step, best, adapters, device,
+                         command=" ".join(["obsspec", *sys.argv[1:]]), log=lambda s: typer.echo(s, err=True))
+    typer.echo(f"wrote {summary['out']}: README.md, obsspec.json, "
+               + ", ".join(f"{m['folder']}/" for m in (summary["policy"], summary["world_model"]) if m.get("folder"))
+               + f" ({summary['seconds']:.1f} s)")
+
+
 @app.command("train-worldmodel")
 @user_errors
 def train_worldmodel_cmd(

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OBSSPEC = [sys.executable, "-m", "obsspec.cli"]
-COMMANDS = ["prepare-tasks", "shell", "validate", "demo", "rollout", "train", "train-worldmodel", "build-bases",
+COMMANDS = ["prepare-tasks", "shell", "validate", "demo", "rollout", "train", "train-worldmodel", "export", "build-bases",
             "serve", "report", "simulate"]
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 

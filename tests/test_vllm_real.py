@@ -326,3 +326,55 @@ def served_models(url):
     from obsspec.engines.server import served_models as listing
 
     return listing(url)
+
+
+def test_an_exported_policy_served_by_vllm_generates_what_training_generated(served, tasks, tmp_path):
+    """The vLLM layout trains a policy LoRA on the server; `obsspec export` merges it into the
+    base, and a vLLM server of the merged folder alone (no LoRA) generates every policy turn of the
+    val episodes after training token for token (same prompt, seed, temperature); the base does not."""
+    from obsspec.training import grpo, rollouts as R
+    from policy_turns import read_trajectories, regenerate
+    from obsspec.tokens import ChatFormat
+    from transformers import AutoTokenizer
+
+    overrides, specs = served
+    recipe = load_recipe(Path(ROOT) / "recipes" / "tiny-cpu-vllm.yaml",
+                         [*overrides, *SMALL, f"rollout.tasks_dir={tasks}", "train.steps=1",
+                          "train.tasks_per_step=2", "train.group_size=2", "train.micro_batch_size=2",
+                          "train.warmup_steps=0", "train.learning_rate=1e-2", "train.cotrain_every=1",
+                          "train.eval_tasks=2", "train.eval_group_size=1", "train.save_steps=1",
+                          "train.report_to=none", "train.families=[]", "wm_train.max_length=1024",
+                          "wm_train.batch_size=2"])
+    original = R.Rollouts.reward
+
+    def alternating(self, prompts=None, completions=None, verifier_reward=None, log_metric=None, **kw):
+        original(self, verifier_reward=verifier_reward, log_metric=log_metric)
+        return [float(i % 2) for i in range(len(verifier_reward))]  # every group has signal: the LoRA moves
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(R.Rollouts, "reward", alternating)
+    try:
+        grpo.run_training(recipe, str(tmp_path / "run"))
+    finally:
+        mp.undo()
+    r = cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--adapters")
+    assert r.returncode == 0, r.stderr[-3000:]
+    merged = str(tmp_path / "out" / "policy")
+    assert not any(n.startswith("adapter_") for n in os.listdir(merged))
+    assert json.loads((tmp_path / "out" / "policy-lora" / "adapter_config.json").read_text())["r"] == 8
+    port = free_port()
+    solo = load_recipe(Path(ROOT) / "recipes" / "tiny-cpu-vllm.yaml",
+                       [*overrides, f"policy.model={merged}", f"policy.server_url=http://127.0.0.1:{port}",
+                        "train.policy_lora_rank=0", "policy.priority_scheduling=false"])
+    val_after = read_trajectories(tmp_path / "run" / "eval" / "val-after")
+    fmt = ChatFormat(AutoTokenizer.from_pretrained(merged))
+    sampling = dict(temperature=recipe.policy.temperature, max_new=48, max_context=1024)
+    servers = Servers(server_specs(solo, merged, WM)[:1], str(tmp_path / "servers"))
+    servers.start()
+    try:
+        same, total = regenerate(VLLMEngine(f"http://127.0.0.1:{port}", merged), fmt, val_after, **sampling)
+    finally:
+        servers.stop()
+    assert total > 0 and same == total, f"{same}/{total} turns regenerated exactly by vLLM"
+    same, total = regenerate(policy_engine(served), fmt, val_after, **sampling)
+    assert same < total, "the base generates the trained policy's turns too: this test could not fail"

@@ -2,7 +2,7 @@
 
     write_state(checkpoint_dir, state)          # last file of a save: marks the checkpoint complete
     found = find_checkpoints(checkpoints_dir)   # .resume_from (newest complete), .incomplete
-    rotate(checkpoints_dir, keep)               # after the mark, never before
+    rotate(checkpoints_dir, keep)               # after the mark, never before; keeps the best by val
 
 transformers' Trainer writes `checkpoints/checkpoint-N/` file by file (model, optimizer, scheduler,
 RNG, trainer_state.json) and then calls the callbacks' `on_save`, where obsspec adds its own state
@@ -14,6 +14,9 @@ RNG, trainer_state.json) and then calls the callbacks' `on_save`, where obsspec 
 - Rotation (`train.save_total_limit`) is ours and runs after the mark. transformers' own runs inside
   the trainer's save, before obsspec's state exists, so with `save_total_limit=1` it deleted the
   only complete checkpoint in favour of the one being written.
+- Rotation never removes the checkpoint of best measured val success (`val.json`, written by
+  obsspec/training/checkpoint_val.py with `train.eval_checkpoints`): `obsspec export --best`
+  picks it.
 - A checkpoint leaves the listing (renamed to `.removing-*`) before its files are deleted: one
   killed half-way through a deletion cannot pass for complete.
 
@@ -30,6 +33,7 @@ import re
 import shutil
 
 STATE_FILE = "obsspec_state.json"
+VAL_FILE = "val.json"  # val success measured on the checkpoint's weights (train.eval_checkpoints)
 TRAINER_STATE = "trainer_state.json"  # transformers' last file of its own save
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _REMOVING = ".removing-"
@@ -116,6 +120,23 @@ def find_checkpoints(root: str) -> Checkpoints:
     return Checkpoints(newest, [p for p in listed if p not in complete and step_of(p) > after], complete)
 
 
+def read_val(checkpoint_dir: str) -> dict | None:
+    """The val figures measured on this checkpoint (`train.eval_checkpoints`), or None."""
+    try:
+        with open(os.path.join(checkpoint_dir, VAL_FILE)) as f:
+            val = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return val if isinstance(val, dict) and isinstance(val.get("success_frac"), (int, float)) else None
+
+
+def best(measured: dict[str, float]) -> str | None:
+    """The checkpoint of highest val success (the newest of equals: it trained longer)."""
+    if not measured:
+        return None
+    return max(measured, key=lambda path: (measured[path], step_of(path)))
+
+
 def remove(checkpoint_dir: str) -> None:
     """Out of the listing first (a rename), then deleted: a half-deleted one is never listed."""
     root, name = os.path.split(checkpoint_dir)
@@ -135,6 +156,8 @@ def rotate(root: str, keep: int) -> None:
     if found.resume_from is None:
         return
     kept = set(found.complete[-keep:]) | set(found.incomplete)
+    val = {path: v["success_frac"] for path in found.complete if (v := read_val(path)) is not None}
+    kept.add(best(val))  # (None when nothing was measured)
     for path in _listed(root):
         if path not in kept:
             remove(path)

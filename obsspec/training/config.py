@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from obsspec.fields import doc
 from obsspec.worldmodel.config import peft_lora
 
+TRACKERS = ("tensorboard", "wandb")  # transformers' integrations obsspec sends its metrics to too
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -63,7 +65,14 @@ class TrainConfig:
     eval_tasks: int = doc(16, "Val tasks whose success is measured before and after training "
                               "(same tasks and seeds both times; 0 = skip).")
     eval_group_size: int = doc(2, "Episodes per val task in those evaluations.")
-    report_to: str = doc("tensorboard", "Where TRL logs as well as metrics.jsonl: tensorboard or none.")
+    eval_checkpoints: bool = doc(False, "Also measure val success at every checkpoint but the last "
+                                        "(which the val after training measures), into its val.json: "
+                                        "`obsspec export RUN --best` picks by it, and rotation never "
+                                        "deletes the best one. Costs one val evaluation per save.")
+    report_to: tuple[str, ...] = doc(("tensorboard",), "Trackers that get TRL's logs and obsspec's own "
+                                                      "metrics as well as metrics.jsonl: tensorboard, "
+                                                      "wandb (pip install 'obsspec[wandb]'), several "
+                                                      "([tensorboard, wandb]) or none.")
     seed: int = doc(0, "Seed of the data order, initialisation and per-episode sampling seeds.")
 
     def __post_init__(self) -> None:
@@ -89,8 +98,10 @@ class TrainConfig:
             raise ValueError("train.epsilon must be in [0, 1) and train.epsilon_high >= 0")
         if self.loss_type not in ("dapo", "grpo", "dr_grpo", "bnpo"):
             raise ValueError("train.loss_type must be dapo, grpo, dr_grpo or bnpo")
-        if self.report_to not in ("tensorboard", "none"):
-            raise ValueError("train.report_to must be tensorboard or none")
+        unknown = [name for name in self.report_to if name not in TRACKERS + ("none",)]
+        if unknown or ("none" in self.report_to and len(self.report_to) > 1):
+            raise ValueError(f"train.report_to must be none or any of {', '.join(TRACKERS)} "
+                             f"(got {', '.join(self.report_to) or 'nothing'})")
 
     def policy_lora(self):
         """The PEFT LoraConfig of the policy adapter, or None (full fine-tuning)."""
@@ -106,6 +117,11 @@ class TrainConfig:
         if self.lr_scheduler == "constant" and self.warmup_steps:
             return "constant_with_warmup"
         return self.lr_scheduler
+
+    @property
+    def trackers(self) -> list[str]:
+        """`report_to` as TRL's `report_to` list ([] for none)."""
+        return [name for name in self.report_to if name != "none"]
 
     @property
     def episodes_per_step(self) -> int:

@@ -21,7 +21,8 @@ Run directory (`--out`, default RUN_DIR/train-NAME):
                               adapter version, history cache), written last: a checkpoint without
                               it is an interrupted save, which `--resume` skips and removes
                               (obsspec/training/checkpoints.py)
-- `world_model/adapters/`     published adapter versions; `tensorboard/` TRL's logs
+- `world_model/adapters/`     published adapter versions; `tensorboard/`, `wandb/` the trackers'
+                              logs (obsspec/training/trackers.py)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import os
 from obsspec.config import Recipe
 from obsspec.jsonl import write_json
 from obsspec.training.config import TrainConfig, TrainError
+from obsspec.training.trackers import Trackers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +100,7 @@ def grpo_args(t: TrainConfig, recipe: Recipe, out_dir: str, num_processes: int):
         max_completion_length=recipe.policy.max_context,
         logging_steps=1, save_strategy="steps", save_steps=t.save_steps,
         # rotation is ours, once a checkpoint is complete (obsspec/training/checkpoints.py)
-        save_total_limit=None, report_to=[] if t.report_to == "none" else [t.report_to],
+        save_total_limit=None, report_to=t.trackers,
         seed=t.seed, data_seed=t.seed, shuffle_dataset=False,  # the dataset comes in our order (setup.py)
         remove_unused_columns=False, disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False,
@@ -138,7 +140,13 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
             checkpoints.remove(path)
     training_plan(recipe, state.num_processes)  # the batch arithmetic fails here, before any work
 
-    run = build_run(recipe, out_dir, state, live if state.is_main_process else None, display)
+    trackers = Trackers(recipe.train, out_dir, state.is_main_process)  # a missing package: one line, now
+    trackers.start(_recipe_json(recipe))
+    try:
+        run = build_run(recipe, out_dir, state, live if state.is_main_process else None, display)
+    except BaseException:
+        trackers.finish()
+        raise
     try:
         if resume:
             run.restore(checkpoint)
@@ -149,15 +157,18 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
             write_json(os.path.join(out_dir, "eval.json"), evals)
         trainer = run.trainer(grpo_args(recipe.train, recipe, out_dir, state.num_processes))
         log_tensorboard_to(trainer, os.path.join(out_dir, "tensorboard"))
+        trackers.log_val(trainer, evals.get("before"))
         trainer.train(resume_from_checkpoint=checkpoint)
         run.finish_cotraining()
         run.sync_policy(trainer)
         if state.is_main_process and recipe.train.eval_tasks:
             evals["after"] = run.evaluate("val after training", "val-after")
             write_json(os.path.join(out_dir, "eval.json"), evals)
+            trackers.log_val(trainer, evals["after"])
         summary = run.summary(trainer, evals) if state.is_main_process else {}
     finally:
         run.close()
+        trackers.finish()
     if state.is_main_process:
         write_json(os.path.join(out_dir, "summary.json"), summary)
     return summary

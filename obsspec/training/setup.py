@@ -26,16 +26,19 @@ import os
 from transformers import TrainerCallback
 
 from obsspec.config import Recipe
-from obsspec.jsonl import read_jsonl, write_jsonl
+from obsspec.jsonl import read_jsonl, write_json, write_jsonl
 from obsspec.env.suite import interleave, load_tasks, spread
 from obsspec.rollout.config import make_gate, sampling
 from obsspec.rollout.predictors import WithHistory
 from obsspec.rollout.gate import SKIP_REASONS
 from obsspec.rollout.metrics import mean_of, pooled_success, skips_phrase
 from obsspec.training.config import TrainError
+from obsspec.training.checkpoint_val import CheckpointVal
 from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics
+from obsspec.training.trackers import scalars
 
 EVAL_EPISODES = 10**9  # val episodes are numbered from here: the same seeds before and after
+MODELS_FILE = "models.json"  # the policy's and the world model's bases, as this run loaded them
 
 
 def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRun":
@@ -55,6 +58,9 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
             raise TrainError(f"{tasks_dir}: no train tasks" + (f" of the families {list(t.families)} "
                              "(train.families)" if t.families else ""))
         policy_path, wm_path = model_paths(recipe, display)
+        if state.is_main_process:  # the bases `obsspec export` merges into (obsspec/export/)
+            os.makedirs(out_dir, exist_ok=True)
+            write_json(os.path.join(out_dir, MODELS_FILE), {"policy": _where(policy_path), "world_model": _where(wm_path)})
         # servers.launch: the main process starts them; the others wait here until they serve
         servers = launch_servers(recipe, policy_path, wm_path, out_dir, display) if state.is_main_process else None
     try:
@@ -115,6 +121,10 @@ def _build(recipe: Recipe, out_dir: str, state, live, display, train, val, polic
                        rollouts, predictor, cotrainer, display)
 
 
+def _where(model: str) -> str:
+    return os.path.abspath(model) if os.path.isdir(model) else model  # a folder, or a hub name
+
+
 def _inner(predictor):
     return predictor.inner if isinstance(predictor, WithHistory) else predictor
 
@@ -138,10 +148,14 @@ class TrainingRun:
         order = interleave(self.train, self.recipe.train.seed)
         dataset = Dataset.from_list([{"prompt": task.task_id} for task in order])
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        checkpoint_val = CheckpointVal(self)
         trainer = GRPOTrainer(model=self.model, reward_funcs=[self.rollouts.reward], args=args,
                               train_dataset=dataset, processing_class=self.tokenizer,
                               rollout_func=self.rollouts, peft_config=self.recipe.train.policy_lora(),
-                              callbacks=[MetricsLog(self), StateSaver(self)])
+                              callbacks=[MetricsLog(self), checkpoint_val, StateSaver(self)])
+        checkpoint_val.trainer = trainer
+        # MetricsLog first: the trackers' callbacks send the log dict it adds obsspec's metrics to
+        trainer.callback_handler.callbacks.sort(key=lambda c: not isinstance(c, MetricsLog))
         from transformers import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # MetricsLog prints a line per step instead
@@ -279,6 +293,7 @@ class MetricsLog(TrainerCallback):
             row.update(self.run.rollouts.sync.last)
         with open(os.path.join(self.run.out_dir, "metrics.jsonl"), "a") as f:
             f.write(json.dumps(row, sort_keys=True, default=str) + "\n")
+        logs.update(scalars(row, skip=logs))  # the trackers' callbacks, after this one, send them too
         self.run.display.log(_step_line(row, args.max_steps))
 
 

@@ -1,0 +1,3 @@
+"""`obsspec export`: a training run's policy and world model as model folders that load and serve
+as they are (source: which checkpoint and bases; models: merging and writing; card: README.md and
+obsspec.json; run: `export_run`, what the command calls)."""

@@ -4,7 +4,7 @@ took a second or more on 2 cores. Add a test here when `make test`'s slowest lis
 
 import pytest
 
-SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py"}
+SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py", "test_export.py"}
 SLOW_TESTS = {
     "test_cli.py::test_prepare_tasks_is_reproducible_and_loadable",
     "test_engines.py::test_engine_with_a_prefix_cache_drafts_exactly_as_without",
@@ -44,6 +44,7 @@ SLOW_TESTS = {
     "test_training.py::test_a_dead_cotraining_worker_is_loud_restarted_and_the_engine_keeps_its_version",
     "test_training.py::test_one_cotraining_worker_trains_every_version_and_a_failed_job_keeps_it_alive",
     "test_worldmodel.py::test_train_worldmodel_trains_publishes_and_evaluates",
+    "test_trackers.py::test_wandb_without_the_package_is_one_line_naming_the_install",
     "test_worldmodel.py::test_train_adapter_learns_saves_and_leaves_the_base_as_it_was",
     "test_kit.py::test_a_training_step_changes_every_parameter",
     "test_podman.py::test_harbor_image_tasks_pass_with_their_solution_and_fail_without",

@@ -81,6 +81,20 @@ def test_rotation_removes_interrupted_saves_older_than_a_complete_one_and_half_r
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-2"]
 
 
+def test_rotation_keeps_the_checkpoint_of_best_measured_val_success(tmp_path):
+    for step, val in ((2, None), (4, 0.75), (6, 0.25), (8, 0.75), (10, 0.5), (12, None)):
+        path = make(tmp_path, step)
+        if val is not None:
+            (tmp_path / f"checkpoint-{step}" / C.VAL_FILE).write_text(f'{{"success_frac": {val}}}')
+    (tmp_path / "checkpoint-10" / C.VAL_FILE).write_text("{broken")  # unreadable: not measured
+    C.rotate(str(tmp_path), keep=2)
+    # the newest two, and the best (the newest of the two at 0.75: it trained longer)
+    assert names(C.find_checkpoints(str(tmp_path)).complete) == ["checkpoint-8", "checkpoint-10", "checkpoint-12"]
+    assert C.best({str(tmp_path / "checkpoint-4"): 0.75, str(tmp_path / "checkpoint-8"): 0.75}) == path.replace(
+        "checkpoint-12", "checkpoint-8")
+    assert C.best({}) is None
+
+
 def test_each_trainer_logs_to_its_own_tensorboard_folder(tmp_path, monkeypatch):
     """Two runs in one process: each trainer's TensorBoard callback gets its run's folder (it
     used to come from an environment variable that the first run set for the whole process)."""

@@ -16,7 +16,7 @@ from policy_turns import read_trajectories, regenerate
 from test_cli import cli
 from test_training_cli import common
 
-pytestmark = [pytest.mark.integration,
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200),
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")]
 
 HAS_WANDB = __import__("obsspec.training.trackers", fromlist=["installed"]).installed("wandb")

@@ -59,3 +59,20 @@ def test_the_trackers_get_the_rows_numbers_not_twice_and_per_class_hit_rates():
 def test_pyproject_pins_the_wandb_it_names():
     text = open(f"{ROOT}/pyproject.toml").read()
     assert 'wandb = ["wandb==0.31.0"]' in text and '"wandb==0.31.0"' in text.split("dev = [", 1)[1].split("]", 1)[0]
+
+
+def test_the_cotraining_worker_replies_through_what_a_library_prints_on_import(tmp_path):
+    """transformers prints '[INFO] Running in WANDB offline mode' on import when WANDB_MODE is
+    offline, before the worker moves its stdout to the log: a line for the log, not a reply."""
+    from obsspec.training.cotrain import Worker
+
+    worker = object.__new__(Worker)
+    worker.log_path = str(tmp_path / "worker.log")
+    worker.proc = subprocess.Popen([sys.executable, "-c", "print('[INFO] Running in WANDB offline mode'); "
+                                    "print('{\"ok\": true, \"stats\": {}}')"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.reply() == {"ok": True, "stats": {}}
+    finally:
+        worker.close()
+    assert "WANDB offline" in (tmp_path / "worker.log").read_text()

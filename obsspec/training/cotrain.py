@@ -52,9 +52,17 @@ class Worker:
 
     def reply(self) -> dict:
         """The running job's reply; a worker that died says so, with the end of its log."""
-        line = self.proc.stdout.readline()
-        if line:
-            return json.loads(line)
+        for line in iter(self.proc.stdout.readline, ""):
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                reply = None
+            if isinstance(reply, dict) and "ok" in reply:
+                return reply
+            # printed before the worker moved stdout to its log (transformers' import prints a
+            # line when WANDB_MODE=offline): the log's, not a reply
+            with open(self.log_path, "a") as log:
+                log.write(line)
         rc = self.proc.wait()
         with open(self.log_path) as f:
             tail = f.read()[-600:]

@@ -4,7 +4,7 @@ took a second or more on 2 cores. Add a test here when `make test`'s slowest lis
 
 import pytest
 
-SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py", "test_export.py"}
+SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py", "test_export.py", "test_export_models.py"}
 SLOW_TESTS = {
     "test_cli.py::test_prepare_tasks_is_reproducible_and_loadable",
     "test_engines.py::test_engine_with_a_prefix_cache_drafts_exactly_as_without",

@@ -133,7 +133,9 @@ def test_the_card_and_record_say_what_was_exported(trained, exported):
     assert record["val"]["at_step"] == evals["after"] and record["val"]["before"] == evals["before"]
     metrics = [json.loads(x) for x in (trained / "run" / "metrics.jsonl").read_text().splitlines()]
     assert record["speculation"]["hits"]["sibling"] == sum(m["spec/hits_sibling"] for m in metrics)
-    assert record["world_model"]["adapter_version"] == 2 and record["policy"]["dtype"] == "float32"
+    state = json.loads((trained / "run" / "checkpoints" / "checkpoint-2" / "obsspec_state.json").read_text())
+    assert record["world_model"]["adapter_version"] == state["wm_version"] is not None
+    assert record["policy"]["dtype"] == "float32" and record["policy"]["trained"] == "all weights"
     card = (out / "README.md").read_text()
     for text in ("step 2 of 2", "## Val success", "## Speculation, measured in training", "vllm serve",
                  "`train.learning_rate` | `0.01`", "hit rate", "rollout time hidden", record["commit"]):
@@ -214,3 +216,15 @@ def test_wandb_offline_gets_trls_and_obsspecs_metrics_in_the_run_folder(trained)
     assert [s["train/global_step"] for s in val] == [0, 1, 2], "val before, at checkpoint 1, after"
     evals = json.loads((trained / "run" / "eval.json").read_text())
     assert val[-1]["eval/success_frac"] == evals["after"]["success_frac"]
+
+
+def test_tensorboard_gets_obsspecs_metrics_and_the_val_figures_too(trained):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(trained / "run" / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for key in ("train/loss", "train/spec/exact_frac", "train/spec/hits_sibling", "train/latency_saved_sec",
+                "train/wm/version", "train/rollout_sec", "eval/success_frac"):
+        assert key in tags, f"{key} not in TensorBoard's log (has: {sorted(tags)})"
+    assert [e.step for e in events.Scalars("eval/success_frac")] == [0, 1, 2]

@@ -23,8 +23,7 @@ from obsspec.jsonl import read_jsonl
 from obsspec.rollout.gate import SKIP_REASONS
 from obsspec.rollout.metrics import mean_of
 from obsspec.training import checkpoints as ck
-
-MODELS_FILE = "models.json"  # written by obsspec/training/setup.py: the bases the run loaded
+from obsspec.training.setup import MODELS_FILE  # the bases the run loaded
 
 
 class ExportError(ValueError):

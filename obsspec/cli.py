@@ -54,7 +54,7 @@ def user_errors(fn):
         from obsspec.sim.config import SimError
         from obsspec.training.grpo import TrainError
         from obsspec.worldmodel.config import WorldModelError
-        from obsspec.export.source import ExportError
+        from obsspec.export import ExportError
 
         try:
             return fn(*args, **kwargs)

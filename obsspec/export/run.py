@@ -24,7 +24,8 @@ import time
 
 from obsspec.export.card import model_card, record
 from obsspec.export.models import is_adapter, write_adapter, write_merged
-from obsspec.export.source import ExportError, RunSource, read_run
+from obsspec.export import ExportError
+from obsspec.export.source import RunSource, read_run
 from obsspec.jsonl import write_json
 
 

@@ -19,15 +19,11 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from obsspec.export import ExportError
 from obsspec.jsonl import read_jsonl
 from obsspec.rollout.gate import SKIP_REASONS
 from obsspec.rollout.metrics import mean_of
 from obsspec.training import checkpoints as ck
-from obsspec.training.setup import MODELS_FILE  # the bases the run loaded
-
-
-class ExportError(ValueError):
-    """A folder that is not a run, a step that is not there: one line for the user."""
 
 
 @dataclass
@@ -119,6 +115,8 @@ def _measured(complete: list[str], evals: dict, last: int | None) -> dict[str, f
 
 def _bases(run_dir: str, recipe: dict, checkpoint: str):
     """(policy base, policy is a LoRA, world-model base, adapter to merge, its version)."""
+    from obsspec.training.setup import MODELS_FILE  # the bases the run loaded
+
     models = _json(os.path.join(run_dir, MODELS_FILE)) or {}
     lora = os.path.isfile(os.path.join(checkpoint, "adapter_config.json"))
     policy = models.get("policy") or (_adapter_base(checkpoint) if lora else None)

@@ -328,6 +328,7 @@ def served_models(url):
     return listing(url)
 
 
+@pytest.mark.timeout(1800)  # a training run and a third server's start on 2 cores
 def test_an_exported_policy_served_by_vllm_generates_what_training_generated(served, tasks, tmp_path):
     """The vLLM layout trains a policy LoRA on the server; `obsspec export` merges it into the
     base, and a vLLM server of the merged folder alone (no LoRA) generates every policy turn of the
@@ -341,8 +342,8 @@ def test_an_exported_policy_served_by_vllm_generates_what_training_generated(ser
     recipe = load_recipe(Path(ROOT) / "recipes" / "tiny-cpu-vllm.yaml",
                          [*overrides, *SMALL, f"rollout.tasks_dir={tasks}", "train.steps=1",
                           "train.tasks_per_step=2", "train.group_size=2", "train.micro_batch_size=2",
-                          "train.warmup_steps=0", "train.learning_rate=1e-2", "train.cotrain_every=1",
-                          "train.eval_tasks=2", "train.eval_group_size=1", "train.save_steps=1",
+                          "train.warmup_steps=0", "train.learning_rate=1e-1", "train.cotrain_every=1",
+                          "train.eval_tasks=2", "train.eval_group_size=2", "train.save_steps=1",
                           "train.report_to=none", "train.families=[]", "wm_train.max_length=1024",
                           "wm_train.batch_size=2"])
     original = R.Rollouts.reward

@@ -9,6 +9,7 @@ import is still a dependency). The layers, bottom to top (README.md, "Layout"):
 - models     models/, worldmodel/, build.py (a recipe's engines, predictors and tools), and
              rollout_run.py (`obsspec rollout`, which builds through build.py)
 - training   training/
+- export     export/: a finished (or killed) run's checkpoints into model folders
 - consumers  ui/, report/: they read events and run directories, never the trainer
 - top        cli.py, demo.py, __main__.py
 
@@ -35,6 +36,7 @@ LAYERS = {
                "obsspec.worldmodel.config", "obsspec.training.config"],
     "models": ["obsspec.models", "obsspec.worldmodel", "obsspec.build", "obsspec.rollout_run"],
     "training": ["obsspec.training"],
+    "export": ["obsspec.export"],
     "consumers": ["obsspec.ui", "obsspec.report"],
     "top": ["obsspec.cli", "obsspec.demo", "obsspec.__main__"],
 }
@@ -45,8 +47,9 @@ ALLOWED = {
     "config": {"base", "rollout"},
     "models": {"base", "rollout", "config"},
     "training": {"base", "rollout", "config", "models"},
+    "export": {"base", "rollout", "config", "models", "training"},
     "consumers": {"base", "rollout", "config"},
-    "top": {"base", "rollout", "config", "models", "training", "consumers"},
+    "top": {"base", "rollout", "config", "models", "training", "export", "consumers"},
 }
 
 

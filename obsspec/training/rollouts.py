@@ -112,7 +112,6 @@ class Rollouts:
         self.sync = None              # called with the trainer before each step's rollouts
         self.before_rollouts = []     # callables run before each step's rollouts (adapter swaps)
         self.after_rollouts = []      # callables given each StepRollouts (co-training)
-        self.logprob_check: dict | None = None  # the first batch's logprobs against the trainer's
 
     # -- the rollout function --------------------------------------------------------------------
     def __call__(self, prompts: list[str], trainer) -> dict:
@@ -138,14 +137,7 @@ class Rollouts:
             self.last = merged
         for hook in self.after_rollouts:
             hook(result)
-        rows = self.rows(result.trajectories)
-        if self.logprob_check is None:  # the first batch of this run (also after a resume)
-            from obsspec.training.logprob_check import check_rows
-
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            self.logprob_check = check_rows(model, rows, self.settings.sampling.temperature,
-                                            "hf" if self.sync is None else "vllm")
-        return rows
+        return self.rows(result.trajectories)
 
     def run(self, tasks: list[Task], step: int, first_episode: int, label: str = "",
             settings: RolloutSettings | None = None, out: str = "") -> StepRollouts:

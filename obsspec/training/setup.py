@@ -115,6 +115,16 @@ def _build(recipe: Recipe, out_dir: str, state, live, display, train, val, polic
                        rollouts, predictor, cotrainer, display)
 
 
+def sampler_check(recipe: Recipe):
+    """The comparison of the rollouts' logprobs with the trainer's (obsspec/training/sampler.py):
+    the importance correction on when the recipe asks, or by default when a server samples."""
+    from obsspec.training.sampler import SamplerCheck
+
+    t, engine = recipe.train, recipe.policy.engine
+    correction = t.importance_correction == "on" or (t.importance_correction == "auto" and engine != "hf")
+    return SamplerCheck(correction, t.importance_cap, engine)
+
+
 def _inner(predictor):
     return predictor.inner if isinstance(predictor, WithHistory) else predictor
 
@@ -127,21 +137,25 @@ class TrainingRun:
         self.policy_engine, self.wm_engine, self.tokenizer = policy_engine, wm_engine, tokenizer
         self.rollouts, self.predictor, self.cotrainer, self.display = rollouts, predictor, cotrainer, display
         self.restored_step = 0
+        self.sampler = sampler_check(recipe)
+        if rollouts.sync is not None:
+            rollouts.sync.pushed = self.sampler.note_push
         self.servers = None  # the vLLM servers this run started (servers.launch), stopped at close
 
     def trainer(self, args):
         from datasets import Dataset
-        from trl import GRPOTrainer
+
+        from obsspec.training.sampler import SamplerAwareGRPOTrainer
 
         # The prompt is the task id; the rollout function renders the task's instruction. The order
         # is ours (TRL's shuffle is off): every stretch of the run sees the same mix of kinds.
         order = interleave(self.train, self.recipe.train.seed)
         dataset = Dataset.from_list([{"prompt": task.task_id} for task in order])
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-        trainer = GRPOTrainer(model=self.model, reward_funcs=[self.rollouts.reward], args=args,
-                              train_dataset=dataset, processing_class=self.tokenizer,
-                              rollout_func=self.rollouts, peft_config=self.recipe.train.policy_lora(),
-                              callbacks=[MetricsLog(self), StateSaver(self)])
+        trainer = SamplerAwareGRPOTrainer(
+            model=self.model, reward_funcs=[self.rollouts.reward], args=args, train_dataset=dataset,
+            processing_class=self.tokenizer, rollout_func=self.rollouts, peft_config=self.recipe.train.policy_lora(),
+            callbacks=[MetricsLog(self), StateSaver(self)], sampler=self.sampler)
         from transformers import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # MetricsLog prints a line per step instead
@@ -236,7 +250,7 @@ class TrainingRun:
                 "latency_saved_sec": saved, "rollout_sec": rollout_sec,
                 "latency_saved_frac": mean_of([r.get("latency_saved_frac") for r in rows]),
                 "success_by_kind": _kind_thirds(rows, third),
-                "logprob_check": self.rollouts.logprob_check}
+                "logprob_check": self.sampler.summary()}
 
     def close(self) -> None:
         if self.cotrainer is not None:

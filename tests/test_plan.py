@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from obsspec.cli import app
 from obsspec.config import load_recipe
-from obsspec.training.grpo import TrainError, _check_gpus, dry_run_plan, training_plan
+from obsspec.training.grpo import TrainError, dry_run_plan, training_plan
 from obsspec.training.memory import (GIB, QWEN3, ModelShape, layer_bytes, model_shape, server_memory,
                                      trainer_memory)
 from obsspec.training import plan as plan_mod
@@ -169,12 +169,18 @@ def test_checkpointing_only_where_the_trainers_model_does_not_generate():
 
 # -- starts and the CLI -----------------------------------------------------------------------------------
 
-def test_a_start_on_gpus_refuses_before_anything_loads(monkeypatch):
+def test_a_start_on_gpus_refuses_before_anything_loads(monkeypatch, tmp_path):
+    """`obsspec train` on a node the layout does not fit: the plan's one line, no model loaded,
+    nothing written."""
+    import obsspec.training.setup as setup
+    from obsspec.training.grpo import run_training
+
     monkeypatch.setattr(plan_mod, "detect_node", lambda named=0: Node(1, 80.0, "detected"))
-    state = type("State", (), {"process_index": 0, "local_process_index": 0, "num_processes": 2,
-                               "is_main_process": True})()
-    with pytest.raises(PlanError, match="node has 1 GPU"):
-        _check_gpus(load_recipe("recipes/terminal-8b.yaml"), state, None)
+    monkeypatch.setattr(setup, "build_run", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(PlanError, match="names GPU 2 but the node has 1 GPU"):
+        run_training(load_recipe("recipes/terminal-8b.yaml", ["servers.trainer_gpus=0"]), str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
 
 
 def test_launch_must_match_the_trainer_gpus(monkeypatch):

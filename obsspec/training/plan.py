@@ -339,7 +339,8 @@ def render(plan: dict) -> str:
         else:
             tp = f" (tensor parallel {p['tensor_parallel']})" if p["tensor_parallel"] > 1 else ""
             out.append(f"  {p['process']:19} GPU{'s' if len(p['gpus']) > 1 else ''} {gpus}{tp}, {p['share']:.2f} "
-                       f"of each: KV cache {p['kv_cache_gib']:.1f} GiB = {p['sequences']} sequences of "
+                       f"of {'each' if len(p['gpus']) > 1 else 'it'}: KV cache {p['kv_cache_gib']:.1f} GiB = "
+                       f"{p['sequences']} sequence{'' if p['sequences'] == 1 else 's'} of "
                        f"{p['max_len']:,} tokens at once")
     out.append("per GPU, GiB (trainer side: of the 90 % the servers leave; servers: their share):")
     for g, gpu in plan["gpus"].items():

@@ -264,3 +264,9 @@ def test_priority_admission_lets_committed_work_in_first():
         engine.advance(engine.next_completion(), finish_one=True)
         order.append(engine.decoding[0].meta["kind"])
     assert order == ["speculative", "committed"]
+
+
+def test_a_model_of_unknown_shape_is_run_without_a_plan_not_refused():
+    recipe = load_recipe("recipes/terminal-8b.yaml", ["policy.model=someone/other-8b"])
+    plan, text = dry_run_plan(recipe, gpus=8, gpu_memory_gb=80)
+    assert "skipped" in plan["gpu"] and "policy.model 'someone/other-8b' is unknown" in text

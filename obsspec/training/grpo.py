@@ -85,9 +85,12 @@ def training_plan(recipe: Recipe, num_processes: int = 1, node=None) -> dict:
 def _gpu_plan(recipe: Recipe, node, num_processes: int) -> dict | None:
     if node is None:
         return None
-    from obsspec.training.plan import gpu_plan
+    from obsspec.training.plan import NoPlan, gpu_plan
 
-    return gpu_plan(recipe, node, num_processes)
+    try:
+        return gpu_plan(recipe, node, num_processes)
+    except NoPlan as e:
+        return {"skipped": str(e)}
 
 
 def dry_run_plan(recipe: Recipe, gpus: int = 0, gpu_memory_gb: float = 0.0) -> tuple[dict, str]:
@@ -118,7 +121,9 @@ def plan_text(plan: dict, recipe: Recipe, node) -> str:
              f"up to {pol['sampling']['max_turns']} turns, {pol['sampling']['max_context']:,} tokens",
              f"world model {wm['model']} on {wm['engine']} ({wm['device']})"
              + (f", co-trained every {wm['cotrain_every']} step(s)" if wm["cotrain_every"] else "")]
-    if plan["gpu"] is not None:
+    if plan["gpu"] is not None and "skipped" in plan["gpu"]:
+        lines.append(plan["gpu"]["skipped"])
+    elif plan["gpu"] is not None:
         from obsspec.training.plan import render
 
         lines.append(render(plan["gpu"]))
@@ -220,7 +225,7 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
 def _check_gpus(recipe: Recipe, state, display) -> None:
     """A start on GPUs: this process on the GPU the layout gives its rank, and the plan of the
     detected node (PlanError, on every process, when it does not fit); the main process prints it."""
-    from obsspec.training.plan import check_launch, detect_node, gpu_plan, named_gpus, render
+    from obsspec.training.plan import NoPlan, check_launch, detect_node, gpu_plan, named_gpus, render
 
     if recipe.policy.device != "cuda":
         return
@@ -228,9 +233,12 @@ def _check_gpus(recipe: Recipe, state, display) -> None:
     if node is None:
         return
     check_launch(recipe, state.process_index, state.local_process_index, state.num_processes)
-    plan = gpu_plan(recipe, node, state.num_processes)
+    try:
+        lines = render(gpu_plan(recipe, node, state.num_processes)).splitlines()
+    except NoPlan as e:
+        lines = [str(e)]
     if state.is_main_process:
-        for line in render(plan).splitlines():
+        for line in lines:
             display.log(line)
 
 

@@ -104,6 +104,8 @@ def model_shape(model: str, tiny=None, tiny_vocab: int = 0, tiny_positions: int 
     if model == "tiny" and tiny_folder and os.path.isfile(os.path.join(tiny_folder, "config.json")):
         model = tiny_folder
     path = os.path.join(model, "config.json")
+    if not os.path.isfile(path) and model not in QWEN3 and model.count("/") == 1:
+        path = _cached_config(model) or path
     if os.path.isfile(path):
         with open(path) as f:
             c = json.load(f)
@@ -120,6 +122,16 @@ def model_shape(model: str, tiny=None, tiny_vocab: int = 0, tiny_positions: int 
         return ModelShape("tiny", tiny.num_layers, tiny.hidden_size, tiny.num_heads, tiny.num_kv_heads,
                           tiny.head_dim, tiny.intermediate_size, tiny_vocab, True, tiny_positions, 4)
     return None
+
+
+def _cached_config(repo: str) -> str | None:
+    """A hub model's config.json when the Hugging Face cache holds it (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    found = try_to_load_from_cache(repo, "config.json")
+    return found if isinstance(found, str) else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,6 +41,10 @@ class PlanError(TrainError):
         self.text = ""   # the plan as printed, set by who prints it
 
 
+class NoPlan(Exception):
+    """The plan cannot be made (a model of unknown shape): the run goes on without it."""
+
+
 @dataclass(frozen=True)
 class Node:
     gpus: int
@@ -98,14 +102,12 @@ def gpu_plan(recipe, node: Node, processes: int) -> dict | None:
     if pol.device != "cuda":
         return None
     shape = _shape(recipe, "policy")
-    if shape is None:
-        raise TrainError(f"policy.model {pol.model!r}: no config.json there and not a model whose shape "
-                         "obsspec knows (Qwen/Qwen3-0.6B, -8B, -32B): the GPU plan needs its shape")
     speculative = t.speculative and recipe.rollout.predictor != "none"
     wm_shape = _shape(recipe, "world_model") if speculative else None
-    if speculative and wm_shape is None and (wm.device == "cuda" or t.cotrain_every):
-        raise TrainError(f"world_model.model {wm.model!r}: no config.json there and not a model whose "
-                         "shape obsspec knows: the GPU plan needs its shape")
+    for section, found in (("policy", shape), ("world_model", wm_shape if speculative else True)):
+        if found is None:
+            raise NoPlan(f"no GPU plan: the shape of {section}.model {getattr(recipe, section).model!r} is "
+                         "unknown here (no config.json in a folder or the Hugging Face cache)")
     trainer = _gpus(s.trainer_gpus) or list(range(processes))
     if len(trainer) != processes:
         raise PlanError(f"servers.trainer_gpus names {len(trainer)} GPU(s) ({s.trainer_gpus}) but the run has "

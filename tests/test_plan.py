@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from obsspec.cli import app
 from obsspec.config import load_recipe
 from obsspec.training.grpo import TrainError, dry_run_plan, training_plan
-from obsspec.training.memory import (GIB, QWEN3, ModelShape, layer_bytes, model_shape, server_memory,
+from obsspec.memory import (GIB, QWEN3, ModelShape, layer_bytes, model_shape, server_memory,
                                      trainer_memory)
 from obsspec.training import plan as plan_mod
 from obsspec.training.plan import Node, PlanError, check_launch, gpu_plan, render, uses_checkpointing

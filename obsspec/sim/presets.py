@@ -13,7 +13,7 @@ on 141 GB).
 from __future__ import annotations
 
 from obsspec.sim.config import SimConfig, SimError, apply_overrides
-from obsspec.training.memory import QWEN3, server_memory
+from obsspec.memory import QWEN3, server_memory
 
 # The GPU recipes' layout (recipes/terminal-8b.yaml `servers`): the policy server's GPUs, their
 # share, the context and policy LoRA rank it serves, and the episodes of a step.

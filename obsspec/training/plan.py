@@ -4,7 +4,7 @@
     plan = gpu_plan(recipe, node, processes=2)       # PlanError (one line) when it cannot fit
     print(render(plan))                              # placement, then every GPU's estimate
 
-Arithmetic only (obsspec/training/memory.py): nothing is loaded, so `obsspec train RECIPE
+Arithmetic only (obsspec/memory.py): nothing is loaded, so `obsspec train RECIPE
 --dry-run` runs it on any machine and every real start runs it before a model loads. The layout
 is the `servers` section's: `trainer_gpus` (one process each), `policy_gpus` and
 `world_model_gpus` (vLLM servers, tensor parallel over several), `cotrain_gpu` (the world model's
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from obsspec.engines.server import LOCAL_HOSTS
 from obsspec.training.config import TrainError
-from obsspec.training.memory import (GIB, TrainerMemory, cotrain_memory, model_shape, server_memory,
+from obsspec.memory import (GIB, TrainerMemory, cotrain_memory, model_shape, server_memory,
                                      trainer_memory)
 
 TRAINER_SHARE = 0.9

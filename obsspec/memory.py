@@ -38,9 +38,9 @@ import json
 import os
 from dataclasses import dataclass
 
-from obsspec.worldmodel.config import ALL_LINEAR
-
 GIB = 2 ** 30
+# a Qwen3 layer's linear modules (what a LoRA on "all linear" wraps)
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TOKEN_TILE, VOCAB_TILE = 4096, 32768    # trl 1.16's chunked log-prob tile (TOKEN_CHUNK_SIZE, chunk_size)
 VLLM_MAX_LORAS = 2                      # obsspec/engines/server.py: --max-loras 2
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -249,7 +249,7 @@ def test_resume_refuses_a_changed_recipe_and_a_missing_run(root, run, tmp_path):
 
 
 def test_dry_run_loads_nothing_and_bad_batch_shapes_are_one_line(tmp_path):
-    r = cli("train", "recipes/terminal-8b.yaml", "--dry-run")
+    r = cli("train", "recipes/terminal-8b.yaml", "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["per_step"]["episodes"] == 256 and plan["policy"]["model"] == "Qwen/Qwen3-8B"

@@ -54,6 +54,12 @@ class TrainConfig:
     importance_cap: float = doc(2.0, "Upper bound of the importance weight (truncated importance sampling).")
     speculative: bool = doc(True, "Roll out with observation speculation (false: sequentially; "
                                   "the same tokens either way, only the time differs).")
+    measure_speculation: bool = doc(False, "Measure what speculation saves, not estimate it: each step's "
+                                           "episodes also run sequentially on the same seeds (in alternating "
+                                           "order from step to step), and the reduction of rollout time is "
+                                           "logged per step (paired/*) and over the run with its 95 % "
+                                           "interval. Costs a second rollout pass per step; the speculative "
+                                           "pass trains.")
     history_cache: bool = doc(True, "Before asking the world model, look the observation up in "
                                     "the history of earlier episodes (same task, same commands): "
                                     "group members and later epochs share prefixes. Verified like "

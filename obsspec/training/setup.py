@@ -31,9 +31,9 @@ from obsspec.env.suite import interleave, load_tasks, spread
 from obsspec.rollout.config import make_gate, sampling
 from obsspec.rollout.predictors import WithHistory
 from obsspec.rollout.gate import SKIP_REASONS
-from obsspec.rollout.metrics import mean_of, pooled_success, skips_phrase
+from obsspec.rollout.metrics import mean_interval, mean_of, pooled_success, skips_phrase
 from obsspec.training.config import TrainError
-from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics
+from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics, success_by_task
 
 EVAL_EPISODES = 10**9  # val episodes are numbered from here: the same seeds before and after
 
@@ -95,7 +95,7 @@ def _build(recipe: Recipe, out_dir: str, state, live, display, train, val, polic
         speculative=speculative, depth=recipe.rollout.depth, episodes_per_step=t.episodes_per_step,
         make_tool=tool_factory(recipe, None),
         concurrency=recipe.rollout.concurrency, busy_limit=recipe.rollout.busy_limit,
-        gate=make_gate(recipe.rollout))
+        gate=make_gate(recipe.rollout), paired=t.measure_speculation)
     by_id = {task.task_id: task for task in train}
     rollouts = Rollouts(by_id, settings, policy_engine, fmt, predictor, out_dir,
                         rank=state.process_index, live=live)
@@ -212,7 +212,7 @@ class TrainingRun:
         scored = [tr.reward for tr in result.trajectories if not tr.infra_error]
         out = {**outcome_metrics(result.trajectories), "episodes": len(tasks),
                "reward_mean": sum(scored) / len(scored) if scored else None,
-               "success_by_kind": result.by_kind}
+               "success_by_kind": result.by_kind, "success_by_task": success_by_task(tasks, result.trajectories)}
         self.display.log(f"{label}: success {out['success_frac']}, over {len(tasks)} episodes")
         return out
 
@@ -249,6 +249,7 @@ class TrainingRun:
                 "skipped_frac_mean": mean_of([r.get("spec/skipped_frac") for r in rows]),
                 "latency_saved_sec": saved, "rollout_sec": rollout_sec,
                 "latency_saved_frac": mean_of([r.get("latency_saved_frac") for r in rows]),
+                **paired_summary(rows), "val_gain": val_gain(evals),
                 "success_by_kind": _kind_thirds(rows, third),
                 "logprob_check": self.sampler.summary()}
 
@@ -260,6 +261,37 @@ class TrainingRun:
             self.wm_engine.close()
         if self.servers is not None:
             self.servers.stop()
+
+
+def paired_summary(rows: list[dict]) -> dict:
+    """Over the paired steps (train.measure_speculation): the measured reductions with their 95 %
+    intervals over steps, and the identity of the two passes."""
+    latency = [r["paired/latency_reduction"] for r in rows if r.get("paired/latency_reduction") is not None]
+    wall = [r["paired/rollout_reduction"] for r in rows if r.get("paired/rollout_reduction") is not None]
+    if not wall:
+        return {}
+
+    def total(key):
+        return sum(r.get(key) or 0 for r in rows)
+
+    return {"paired": {"steps": len(wall), "latency_reduction": mean_interval(latency) if latency else None,
+                       "rollout_reduction": mean_interval(wall),
+                       "seq_sec": total("paired/seq_sec"), "spec_sec": total("paired/spec_sec"),
+                       "episodes_compared": total("paired/episodes_compared"),
+                       "episodes_differing": total("paired/episodes_differing"),
+                       "episodes_differing_in_action": total("paired/episodes_differing_in_action"),
+                       "tokens_differing": total("paired/tokens_differing")}}
+
+
+def val_gain(evals: dict) -> dict | None:
+    """Val success after minus before, task by task (the same tasks and seeds both times), with
+    its 95 % interval over tasks: a paired comparison, so the tasks' own difficulty cancels."""
+    before, after = (evals.get(k, {}).get("success_by_task") or {} for k in ("before", "after"))
+    tasks = [t for t in before if t in after and before[t][1] and after[t][1]]
+    if len(tasks) < 2:
+        return None
+    diffs = [after[t][0] / after[t][1] - before[t][0] / before[t][1] for t in tasks]
+    return {**mean_interval(diffs), "tasks": len(tasks)}
 
 
 def _sum_pairs(tables) -> dict:
@@ -279,6 +311,7 @@ def _sum_pairs(tables) -> dict:
 class MetricsLog(TrainerCallback):
     def __init__(self, run: TrainingRun):
         self.run = run
+        self.reductions: list[float] = []  # each paired step's measured rollout reduction, so far
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         last = self.run.rollouts.last
@@ -293,7 +326,10 @@ class MetricsLog(TrainerCallback):
             row.update(self.run.rollouts.sync.last)
         with open(os.path.join(self.run.out_dir, "metrics.jsonl"), "a") as f:
             f.write(json.dumps(row, sort_keys=True, default=str) + "\n")
-        self.run.display.log(_step_line(row, args.max_steps))
+        if row.get("paired/rollout_reduction") is not None:
+            self.reductions.append(row["paired/rollout_reduction"])
+        so_far = mean_interval(self.reductions) if len(self.reductions) > 1 else None
+        self.run.display.log(_step_line(row, args.max_steps, so_far))
 
 
 class StateSaver(TrainerCallback):
@@ -305,16 +341,25 @@ class StateSaver(TrainerCallback):
             self.run.save_state(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
 
 
-def _step_line(row: dict, steps: int) -> str:
+def _step_line(row: dict, steps: int, so_far: dict | None = None) -> str:
     def pct(k):
         v = row.get(k)
         return "-" if v is None else f"{100 * v:.0f}%"
 
     busy = f", {skips_phrase(row)}" if row.get("spec/skipped_frac") else ""
+    if row.get("paired/rollout_reduction") is not None:  # measured against the sequential pass
+        saved = (f"rollout {row['paired/spec_sec']:.1f}s vs {row['paired/seq_sec']:.1f}s sequential "
+                 f"({-100 * row['paired/rollout_reduction']:+.0f}%, episode latency "
+                 f"{-100 * (row.get('paired/latency_reduction') or 0):+.0f}%")
+        if so_far is not None:
+            saved += f"; measured so far {-100 * so_far['mean']:+.1f}% ± {100 * so_far['ci95']:.1f}"
+        saved += ")"
+    else:
+        saved = (f"hidden ~{row.get('latency_saved_sec', 0):.1f}s (est. {pct('latency_saved_frac')} of "
+                 "rollout time)")
     return (f"step {row['step']}/{steps}: reward {row.get('reward', 0):.3f}, success {pct('success_frac')}, "
             f"hit rate {pct('spec/exact_frac')} (world model {pct('spec/exact_frac_wm')}, cache "
-            f"{pct('spec/exact_frac_cache')}){busy}, hidden ~{row.get('latency_saved_sec', 0):.1f}s "
-            f"(est. {pct('latency_saved_frac')} of rollout time), infra failures {row.get('infra_failures', 0)}")
+            f"{pct('spec/exact_frac_cache')}){busy}, {saved}, infra failures {row.get('infra_failures', 0)}")
 
 
 def _kind_thirds(rows: list[dict], third: int) -> dict:

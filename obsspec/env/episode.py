@@ -60,8 +60,18 @@ def task_environment(task: Task) -> podman.Environment | None:
                               internet=bool(r.get("internet", False)))
 
 
+def open_sandbox(config: SandboxConfig, workdir: str = "/app", environment: podman.Environment | None = None):
+    """A sandbox where the recipe places it: here (`Sandbox`) or on a Ray worker (`RaySandbox`:
+    the same methods, results and errors)."""
+    if config.placement == "ray":
+        from obsspec.env.ray_sandbox import RaySandbox
+
+        return RaySandbox(config, workdir=workdir, environment=environment)
+    return Sandbox(config, workdir=workdir, environment=environment)
+
+
 async def start_sandbox(task: Task, config: SandboxConfig) -> Sandbox:
-    sandbox = Sandbox(config, workdir=task.workdir, environment=task_environment(task))
+    sandbox = open_sandbox(config, task.workdir, task_environment(task))
     try:
         await sandbox.start(files=task.files, setup=task.setup)
     except BaseException:

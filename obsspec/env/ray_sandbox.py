@@ -1,0 +1,327 @@
+"""Sandboxes on the workers of a Ray cluster (`sandbox.placement: ray`).
+
+    sandbox = RaySandbox(SandboxConfig(placement="ray"), workdir="/app")   # as `Sandbox(...)`
+    await sandbox.start(files, setup); result = await sandbox.run("ls -la")
+    reward = await sandbox.verify(script, files); await sandbox.close()
+
+`start_sandbox` (obsspec/env/episode.py) and `preflight` pick this class when the recipe says
+`sandbox.placement: ray`, so rollouts, training, evaluation, `obsspec shell` and task validation
+all take this one path, whether the cluster is this machine or many; the scheduler, the engines
+and the trainer stay in this process. Each episode's sandbox (bubblewrap, or Podman for an image
+task) is an ordinary `Sandbox` held by a Ray actor of its own (`SandboxHost`), created with the
+CPUs and memory the task asks for (else `sandbox.ray.cpus` / `memory_mb`): Ray places it on a
+node with room, or queues it until one has. Ray is the transport; there is no protocol of ours.
+
+- Each command's result carries `hop_s`: its round trip here minus the sandbox's own time there.
+- A worker or node lost mid-episode is `SandboxLost` (a `SandboxError`: the episode is an
+  infrastructure failure, excluded, counted and retried `sandbox.ray.retries` times); a call that
+  gets no answer within its time limit plus `HOP_GRACE_S` is taken for lost as well.
+- A sandbox that cannot start on its node is a one-line `SandboxUnavailable` naming the node.
+- The head (GCS) is probed every `PROBE_S` seconds while sandboxes are open; after `PROBES`
+  failed probes, or a failed call whose probe fails, every call raises `RayClusterLost` (not an
+  infrastructure failure: the run stops, to be resumed from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import socket
+import time
+import weakref
+
+from obsspec.env import podman
+from obsspec.env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError, SandboxUnavailable
+
+HOP_GRACE_S = 60.0   # a call's answer may come this much later than its own limit
+PROBE_S = 2.0        # how often the head is probed while sandboxes are open
+PROBES = 3           # failed probes in a row that mean the head is gone
+START_LIMIT_S = 3600.0  # a sandbox may wait this long for a node with room (then: lost)
+INSTALL_HINT = "pip install 'obsspec[ray]' (docs/TRAINING.md, \"Sandboxes on other machines\")"
+
+
+class SandboxLost(SandboxError):
+    """The Ray worker (or the node) that held the sandbox is gone: its episode cannot go on."""
+
+
+class RayClusterLost(RuntimeError):
+    """The Ray cluster's head stopped answering: no sandbox can be started or reached."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker's side: one actor per episode, holding a local sandbox
+
+
+class SandboxHost:
+    """What runs on the Ray worker: a local `Sandbox`, and where it is."""
+
+    def __init__(self, config: SandboxConfig, workdir: str, environment: podman.Environment | None):
+        self.sandbox = Sandbox(config, workdir=workdir, environment=environment)
+
+    async def start(self, files: dict[str, str], setup: str) -> dict:
+        import ray
+
+        where = {"node_ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
+                 "worker_pid": os.getpid(), "host": socket.gethostname()}
+        try:
+            await self.sandbox.start(files=files, setup=setup)
+        except SandboxError as e:  # (the driver does not know the node yet: name it here)
+            raise type(e)(f"on Ray node {where['node_ip']} ({where['node_id'][:8]}): {e}") from None
+        return {**where, "supervisor_pid": self.sandbox.supervisor_pid, "container": self.sandbox.container}
+
+    async def run(self, command: str, timeout_s: float | None) -> ExecResult:
+        return await self.sandbox.run(command, timeout_s=timeout_s)
+
+    async def verify(self, script: str, files: dict[str, str] | None, timeout_s: float | None,
+                     reward_file: bool) -> float:
+        return await self.sandbox.verify(script, files, timeout_s, reward_file=reward_file)
+
+    async def close(self) -> None:
+        await self.sandbox.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster, as this process sees it
+
+
+_host_class = None
+_head: tuple[str, int] | None = None
+_nodes: tuple[float, list[dict]] = (0.0, [])
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise SandboxUnavailable(f"sandbox.placement=ray needs Ray in this environment: {INSTALL_HINT}") from None
+    return ray
+
+
+def connect(address: str):
+    """Join the cluster `address` names (once per process); the `ray` module."""
+    global _host_class, _head
+    ray = _ray()
+    if not ray.is_initialized():
+        _host_class = None  # (a class made remote for an earlier connection)
+        try:
+            ray.init(address=None if address == "local" else address, include_dashboard=False,
+                     log_to_driver=False, logging_level="WARNING", configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise SandboxUnavailable(f"cannot join the Ray cluster at {address} (sandbox.ray.address): "
+                                     f"{_first_line(e)}; start it with `ray start --head`") from None
+    if _host_class is None:
+        _host_class = ray.remote(SandboxHost)
+        host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+        _head = (host.strip("[]"), int(port))
+    return ray
+
+
+def _check_room(ray, cpus: float, memory_mb: int) -> None:
+    """One line when no live node of the cluster could ever hold such a sandbox (Ray would
+    otherwise keep it pending forever). The node list is read at most every 30 s."""
+    global _nodes
+    if time.monotonic() - _nodes[0] > 30:
+        _nodes = (time.monotonic(), [n for n in ray.nodes() if n.get("Alive")])
+    sizes = [(n["Resources"].get("CPU", 0), n["Resources"].get("memory", 0) / 2**20) for n in _nodes[1]]
+    if not any(c >= cpus and m >= memory_mb for c, m in sizes):
+        have = ", ".join(f"{c:g} CPUs/{m:.0f} MiB" for c, m in sizes) or "no live node"
+        raise SandboxUnavailable(f"no node of the Ray cluster can hold a sandbox of {cpus:g} CPUs and "
+                                 f"{memory_mb} MiB (nodes: {have}): lower sandbox.ray.cpus or memory_mb "
+                                 "(or the task's resources), or start a larger node")
+
+
+async def head_answers(timeout: float = 5.0) -> bool:
+    """Does the head's GCS port still take a connection?"""
+    if _head is None:
+        return True
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(*_head), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+class _Watch:
+    """Probes the head while sandboxes of this event loop are open; `lost` is set once it is gone."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.lost = loop.create_future()
+        self.users = 0
+        self.task: asyncio.Task | None = None
+
+    async def probe(self) -> None:
+        failed = 0
+        while True:
+            await asyncio.sleep(PROBE_S)
+            failed = 0 if await head_answers() else failed + 1
+            if failed >= PROBES:
+                self.declare()
+                return
+
+    def declare(self) -> None:
+        if not self.lost.done():
+            where = f"{_head[0]}:{_head[1]}" if _head else "?"
+            self.lost.set_exception(RayClusterLost(
+                f"the Ray cluster's head at {where} stopped answering: the run stops here; restart the "
+                "cluster and resume from the last checkpoint (obsspec train RECIPE --out RUN_DIR --resume)"))
+            self.lost.exception()  # (retrieved: no "never retrieved" warning when nobody waits)
+
+
+_watches: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watch]" = weakref.WeakKeyDictionary()
+
+
+def _watch() -> _Watch:
+    loop = asyncio.get_running_loop()
+    if loop not in _watches:
+        _watches[loop] = _Watch(loop)
+    return _watches[loop]
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver's side
+
+
+class RaySandbox:
+    """A `Sandbox` on a Ray worker: the same methods, results and errors, plus `where` (the
+    node's IP and id, the worker's PID) once started."""
+
+    def __init__(self, config: SandboxConfig, workdir: str = "/app",
+                 environment: podman.Environment | None = None):
+        self.config, self.workdir, self.environment = config, workdir, environment
+        self.host_root = ""  # (nothing of an episode is kept on this machine)
+        self.where: dict = {}
+        self._actor = None
+        self._watch: _Watch | None = None
+
+    @property
+    def supervisor_pid(self) -> int:
+        """Host PID (on its node) of the sandbox's PID 1; 0 before start."""
+        return self.where.get("supervisor_pid", 0)
+
+    @property
+    def container(self) -> str:
+        """Podman only: the episode's container name on its node."""
+        return self.where.get("container", "")
+
+    @property
+    def node(self) -> str:
+        return f"{self.where.get('node_ip', '?')} ({self.where.get('node_id', '?')[:8]})"
+
+    async def start(self, files: dict[str, str] | None = None, setup: str = "") -> None:
+        placement, env = self.config.ray, self.environment
+        ray = connect(placement.address)
+        cpus = (env.cpus if env and env.cpus else 0) or placement.cpus
+        memory_mb = (env.memory_mb if env and env.memory_mb else 0) or placement.memory_mb
+        _check_room(ray, cpus, memory_mb)
+        self._watch = _watch()
+        self._watch.users += 1
+        if self._watch.task is None:
+            self._watch.task = asyncio.ensure_future(self._watch.probe())
+        options = {"num_cpus": cpus, **({"memory": memory_mb << 20} if memory_mb else {})}
+        local = dataclasses.replace(self.config, placement="local")
+        self._actor = _host_class.options(**options).remote(local, self.workdir, self.environment)
+        try:
+            self.where = await self._call(self._actor.start.remote(files or {}, setup), START_LIMIT_S)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def run(self, command: str, timeout_s: float | None = None) -> ExecResult:
+        self._running()
+        limit = min(timeout_s, self.config.timeout_s) if timeout_s else self.config.timeout_s
+        t0 = time.perf_counter()
+        result = await self._call(self._actor.run.remote(command, timeout_s), limit)
+        seconds = time.perf_counter() - t0
+        return dataclasses.replace(result, seconds=seconds, hop_s=max(0.0, seconds - result.seconds))
+
+    async def verify(self, script: str, files: dict[str, str] | None = None,
+                     timeout_s: float | None = None, *, reward_file: bool = False) -> float:
+        # (the reset before it may take RESET_TIMEOUT_S, the verifier up to max_verify_s)
+        self._running()
+        limit = 180.0 + self.config.max_verify_s
+        return await self._call(self._actor.verify.remote(script, files, timeout_s, reward_file), limit)
+
+    async def close(self) -> None:
+        """Close the sandbox there, then end its actor (freeing its CPUs). Safe to call twice."""
+        actor, self._actor = self._actor, None
+        try:
+            if actor is not None and not (self._watch and self._watch.lost.done()):
+                try:
+                    await self._call(actor.close.remote(), 60.0)
+                except (SandboxError, RayClusterLost):
+                    pass  # gone already: nothing of it is left to close
+        finally:
+            if actor is not None:
+                try:
+                    _ray().kill(actor)  # (a killed worker takes its sandbox with it: --die-with-parent)
+                except Exception:  # noqa: BLE001 (the cluster is gone: so is the actor)
+                    pass
+            await self._release()
+
+    async def __aenter__(self) -> "RaySandbox":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # -- calls ----------------------------------------------------------------------------------
+    async def _call(self, ref, limit: float):
+        """The result of a remote call, racing the head's watch; Ray's failures become ours."""
+        ray = _ray()
+        answer = asyncio.wrap_future(ref.future())
+        try:
+            done, _ = await asyncio.wait({answer, self._watch.lost}, timeout=limit + HOP_GRACE_S,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            answer.cancel()
+            if self._actor is not None:  # mid-request: out of step now, as a local sandbox would be
+                await asyncio.shield(self.close())
+            raise
+        if answer not in done:
+            answer.cancel()
+            if self._watch.lost.done():
+                raise self._watch.lost.exception()
+            raise SandboxLost(f"no answer from the sandbox's Ray worker on node {self.node} in "
+                              f"{limit + HOP_GRACE_S:.0f} s")
+        try:
+            return answer.result()
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, SandboxError):  # the sandbox's own failure, as it was named there
+                raise (type(cause)(f"on Ray node {self.node}: {cause}") if self.where else cause) from None
+            raise
+        except ray.exceptions.RayError as e:
+            if not await head_answers():
+                self._watch.declare()
+                raise self._watch.lost.exception() from None
+            if isinstance(e, ray.exceptions.RayActorError) and e.actor_init_failed:
+                raise SandboxUnavailable(f"a Ray worker could not host a sandbox: {_last_line(e)} "
+                                         f"(every node needs obsspec and Ray: {INSTALL_HINT})") from None
+            raise SandboxLost(f"the Ray worker holding this sandbox on node {self.node} was lost: "
+                              f"{_first_line(e)}") from None
+
+    def _running(self) -> None:
+        if self._actor is None:
+            raise SandboxError("sandbox is not running (call start() first)")
+
+    async def _release(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is None:
+            return
+        watch.users -= 1
+        if watch.users == 0 and watch.task is not None:
+            task, watch.task = watch.task, None
+            task.cancel()
+            await asyncio.wait({task})
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _last_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__

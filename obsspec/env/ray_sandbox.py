@@ -7,15 +7,19 @@
 `start_sandbox` (obsspec/env/episode.py) and `preflight` pick this class when the recipe says
 `sandbox.placement: ray`, so rollouts, training, evaluation, `obsspec shell` and task validation
 all take this one path, whether the cluster is this machine or many; the scheduler, the engines
-and the trainer stay in this process. Each episode's sandbox (bubblewrap, or Podman for an image
-task) is an ordinary `Sandbox` held by a Ray actor of its own (`SandboxHost`), created with the
-CPUs and memory the task asks for (else `sandbox.ray.cpus` / `memory_mb`): Ray places it on a
-node with room, or queues it until one has. Ray is the transport; there is no protocol of ours.
+and the trainer stay in this process. Ray is the transport; there is no protocol of ours.
+
+How: each sandbox first reserves the CPUs and memory its task asks for (else `sandbox.ray.cpus`
+/ `memory_mb`) as a Ray placement group of one bundle, which Ray puts on a node with room, or
+queues until one has. The sandbox itself, an ordinary `Sandbox` (bubblewrap, or Podman for an
+image task), then starts in that node's `SandboxHost`: one Ray actor per node and driver, started
+on first use, holding every sandbox of this run on that node (a process per sandbox would cost
+each ~1 s of CPU to start and ~100 MB of memory). Closing the sandbox frees its reservation.
 
 - Each command's result carries `hop_s`: its round trip here minus the sandbox's own time there.
-- A worker or node lost mid-episode is `SandboxLost` (a `SandboxError`: the episode is an
-  infrastructure failure, excluded, counted and retried `sandbox.ray.retries` times); a call that
-  gets no answer within its time limit plus `HOP_GRACE_S` is taken for lost as well.
+- A host (the Ray worker) or its node lost mid-episode is `SandboxLost` (a `SandboxError`: the
+  episode is an infrastructure failure, excluded, counted, and run again `sandbox.ray.retries`
+  times); a call with no answer within its own limit plus `HOP_GRACE_S` counts as lost too.
 - A sandbox that cannot start on its node is a one-line `SandboxUnavailable` naming the node.
 - The head (GCS) is probed every `PROBE_S` seconds while sandboxes are open; after `PROBES`
   failed probes, or a failed call whose probe fails, every call raises `RayClusterLost` (not an
@@ -29,6 +33,7 @@ import dataclasses
 import os
 import socket
 import time
+import uuid
 import weakref
 
 from obsspec.env import podman
@@ -50,44 +55,60 @@ class RayClusterLost(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------
-# The worker's side: one actor per episode, holding a local sandbox
+# The worker's side: one actor per node, holding that node's sandboxes
 
 
 class SandboxHost:
-    """What runs on the Ray worker: a local `Sandbox`, and where it is."""
+    """What runs on a node's Ray worker: local `Sandbox`es by id, and where they are."""
 
-    def __init__(self, config: SandboxConfig, workdir: str, environment: podman.Environment | None):
-        self.sandbox = Sandbox(config, workdir=workdir, environment=environment)
-
-    async def start(self, files: dict[str, str], setup: str) -> dict:
+    def __init__(self):
         import ray
 
-        where = {"node_ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
-                 "worker_pid": os.getpid(), "host": socket.gethostname()}
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.where = {"node_ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
+                      "worker_pid": os.getpid(), "host": socket.gethostname()}
+
+    async def start(self, sid: str, config: SandboxConfig, workdir: str, environment: podman.Environment | None,
+                    files: dict[str, str], setup: str) -> dict:
+        sandbox = self.sandboxes[sid] = Sandbox(config, workdir=workdir, environment=environment)
         try:
-            await self.sandbox.start(files=files, setup=setup)
+            await sandbox.start(files=files, setup=setup)
         except SandboxError as e:  # (the driver does not know the node yet: name it here)
-            raise type(e)(f"on Ray node {where['node_ip']} ({where['node_id'][:8]}): {e}") from None
-        return {**where, "supervisor_pid": self.sandbox.supervisor_pid, "container": self.sandbox.container}
+            await self.close(sid)
+            raise type(e)(f"on Ray node {self.where['node_ip']} ({self.where['node_id'][:8]}): {e}") from None
+        except BaseException:
+            await self.close(sid)
+            raise
+        return {**self.where, "supervisor_pid": sandbox.supervisor_pid, "container": sandbox.container}
 
-    async def run(self, command: str, timeout_s: float | None) -> ExecResult:
-        return await self.sandbox.run(command, timeout_s=timeout_s)
+    async def run(self, sid: str, command: str, timeout_s: float | None) -> ExecResult:
+        return await self._get(sid).run(command, timeout_s=timeout_s)
 
-    async def verify(self, script: str, files: dict[str, str] | None, timeout_s: float | None,
+    async def verify(self, sid: str, script: str, files: dict[str, str] | None, timeout_s: float | None,
                      reward_file: bool) -> float:
-        return await self.sandbox.verify(script, files, timeout_s, reward_file=reward_file)
+        return await self._get(sid).verify(script, files, timeout_s, reward_file=reward_file)
 
-    async def close(self) -> None:
-        await self.sandbox.close()
+    async def close(self, sid: str) -> None:
+        sandbox = self.sandboxes.pop(sid, None)
+        if sandbox is not None:
+            await sandbox.close()
+
+    def _get(self, sid: str) -> Sandbox:
+        if sid not in self.sandboxes:
+            raise SandboxError("sandbox is not running on its node (closed, or never started)")
+        return self.sandboxes[sid]
 
 
 # ---------------------------------------------------------------------------------------------
 # The cluster, as this process sees it
 
 
-_host_class = None
-_head: tuple[str, int] | None = None
-_nodes: tuple[float, list[dict]] = (0.0, [])
+class _Cluster:
+    """This process's connection: the head's address, the node list, each node's host."""
+
+    head: tuple[str, int] | None = None
+    nodes: tuple[float, list[dict]] = (0.0, [])
+    hosts: dict = {}  # node id -> the SandboxHost actor this process started there
 
 
 def _ray():
@@ -100,30 +121,25 @@ def _ray():
 
 def connect(address: str):
     """Join the cluster `address` names (once per process); the `ray` module."""
-    global _host_class, _head
     ray = _ray()
     if not ray.is_initialized():
-        _host_class = None  # (a class made remote for an earlier connection)
         try:
             ray.init(address=None if address == "local" else address, include_dashboard=False,
                      log_to_driver=False, logging_level="WARNING", configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise SandboxUnavailable(f"cannot join the Ray cluster at {address} (sandbox.ray.address): "
                                      f"{_first_line(e)}; start it with `ray start --head`") from None
-    if _host_class is None:
-        _host_class = ray.remote(SandboxHost)
         host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
-        _head = (host.strip("[]"), int(port))
+        _Cluster.head, _Cluster.nodes, _Cluster.hosts = (host.strip("[]"), int(port)), (0.0, []), {}
     return ray
 
 
 def _check_room(ray, cpus: float, memory_mb: int) -> None:
     """One line when no live node of the cluster could ever hold such a sandbox (Ray would
     otherwise keep it pending forever). The node list is read at most every 30 s."""
-    global _nodes
-    if time.monotonic() - _nodes[0] > 30:
-        _nodes = (time.monotonic(), [n for n in ray.nodes() if n.get("Alive")])
-    sizes = [(n["Resources"].get("CPU", 0), n["Resources"].get("memory", 0) / 2**20) for n in _nodes[1]]
+    if time.monotonic() - _Cluster.nodes[0] > 30:
+        _Cluster.nodes = (time.monotonic(), [n for n in ray.nodes() if n.get("Alive")])
+    sizes = [(n["Resources"].get("CPU", 0), n["Resources"].get("memory", 0) / 2**20) for n in _Cluster.nodes[1]]
     if not any(c >= cpus and m >= memory_mb for c, m in sizes):
         have = ", ".join(f"{c:g} CPUs/{m:.0f} MiB" for c, m in sizes) or "no live node"
         raise SandboxUnavailable(f"no node of the Ray cluster can hold a sandbox of {cpus:g} CPUs and "
@@ -131,12 +147,24 @@ def _check_room(ray, cpus: float, memory_mb: int) -> None:
                                  "(or the task's resources), or start a larger node")
 
 
+def _host(ray, node_id: str):
+    """This process's SandboxHost on `node_id`, started there on first use (it reserves nothing:
+    each sandbox's placement group holds its share of the node)."""
+    if node_id not in _Cluster.hosts:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        _Cluster.hosts[node_id] = ray.remote(SandboxHost).options(
+            num_cpus=0, max_concurrency=1 << 16,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+    return _Cluster.hosts[node_id]
+
+
 async def head_answers(timeout: float = 5.0) -> bool:
     """Does the head's GCS port still take a connection?"""
-    if _head is None:
+    if _Cluster.head is None:
         return True
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(*_head), timeout)
+        _, writer = await asyncio.wait_for(asyncio.open_connection(*_Cluster.head), timeout)
     except (OSError, asyncio.TimeoutError):
         return False
     writer.close()
@@ -162,7 +190,7 @@ class _Watch:
 
     def declare(self) -> None:
         if not self.lost.done():
-            where = f"{_head[0]}:{_head[1]}" if _head else "?"
+            where = ":".join(map(str, _Cluster.head)) if _Cluster.head else "?"
             self.lost.set_exception(RayClusterLost(
                 f"the Ray cluster's head at {where} stopped answering: the run stops here; restart the "
                 "cluster and resume from the last checkpoint (obsspec train RECIPE --out RUN_DIR --resume)"))
@@ -185,14 +213,16 @@ def _watch() -> _Watch:
 
 class RaySandbox:
     """A `Sandbox` on a Ray worker: the same methods, results and errors, plus `where` (the
-    node's IP and id, the worker's PID) once started."""
+    node's IP and id, the host's PID, the sandbox's PID 1 and container there) once started."""
 
     def __init__(self, config: SandboxConfig, workdir: str = "/app",
                  environment: podman.Environment | None = None):
         self.config, self.workdir, self.environment = config, workdir, environment
         self.host_root = ""  # (nothing of an episode is kept on this machine)
         self.where: dict = {}
-        self._actor = None
+        self._sid = uuid.uuid4().hex
+        self._host = None    # the node's SandboxHost, while the sandbox is open there
+        self._group = None   # the placement group holding its CPUs and memory
         self._watch: _Watch | None = None
 
     @property
@@ -210,6 +240,8 @@ class RaySandbox:
         return f"{self.where.get('node_ip', '?')} ({self.where.get('node_id', '?')[:8]})"
 
     async def start(self, files: dict[str, str] | None = None, setup: str = "") -> None:
+        from ray.util.placement_group import placement_group, placement_group_table
+
         placement, env = self.config.ray, self.environment
         ray = connect(placement.address)
         cpus = (env.cpus if env and env.cpus else 0) or placement.cpus
@@ -219,11 +251,16 @@ class RaySandbox:
         self._watch.users += 1
         if self._watch.task is None:
             self._watch.task = asyncio.ensure_future(self._watch.probe())
-        options = {"num_cpus": cpus, **({"memory": memory_mb << 20} if memory_mb else {})}
-        local = dataclasses.replace(self.config, placement="local")
-        self._actor = _host_class.options(**options).remote(local, self.workdir, self.environment)
         try:
-            self.where = await self._call(self._actor.start.remote(files or {}, setup), START_LIMIT_S)
+            self._group = placement_group([{"CPU": cpus, **({"memory": memory_mb << 20} if memory_mb else {})}])
+            await self._call(self._group.ready(), START_LIMIT_S)
+            node_id = placement_group_table(self._group)["bundles_to_node_id"][0]
+            ips = [n.get("NodeManagerAddress", "?") for n in _Cluster.nodes[1] if n.get("NodeID") == node_id]
+            self.where = {"node_id": node_id, "node_ip": ips[0] if ips else "?"}
+            self._host = _host(ray, node_id)
+            local = dataclasses.replace(self.config, placement="local")
+            self.where = await self._call(self._host.start.remote(self._sid, local, self.workdir, self.environment,
+                                                                  files or {}, setup), START_LIMIT_S, named=False)
         except BaseException:
             await self.close()
             raise
@@ -232,31 +269,32 @@ class RaySandbox:
         self._running()
         limit = min(timeout_s, self.config.timeout_s) if timeout_s else self.config.timeout_s
         t0 = time.perf_counter()
-        result = await self._call(self._actor.run.remote(command, timeout_s), limit)
+        result = await self._call(self._host.run.remote(self._sid, command, timeout_s), limit)
         seconds = time.perf_counter() - t0
         return dataclasses.replace(result, seconds=seconds, hop_s=max(0.0, seconds - result.seconds))
 
     async def verify(self, script: str, files: dict[str, str] | None = None,
                      timeout_s: float | None = None, *, reward_file: bool = False) -> float:
-        # (the reset before it may take RESET_TIMEOUT_S, the verifier up to max_verify_s)
         self._running()
+        # (the reset before it may take RESET_TIMEOUT_S, the verifier up to max_verify_s)
         limit = 180.0 + self.config.max_verify_s
-        return await self._call(self._actor.verify.remote(script, files, timeout_s, reward_file), limit)
+        return await self._call(self._host.verify.remote(self._sid, script, files, timeout_s, reward_file), limit)
 
     async def close(self) -> None:
-        """Close the sandbox there, then end its actor (freeing its CPUs). Safe to call twice."""
-        actor, self._actor = self._actor, None
+        """Close the sandbox there and free its reservation. Safe to call twice."""
+        host, self._host = self._host, None
+        group, self._group = self._group, None
         try:
-            if actor is not None and not (self._watch and self._watch.lost.done()):
+            if host is not None and not (self._watch and self._watch.lost.done()):
                 try:
-                    await self._call(actor.close.remote(), 60.0)
+                    await self._call(host.close.remote(self._sid), 60.0)
                 except (SandboxError, RayClusterLost):
-                    pass  # gone already: nothing of it is left to close
+                    pass  # its host is gone, and the sandbox with it (--die-with-parent)
         finally:
-            if actor is not None:
+            if group is not None and not (self._watch and self._watch.lost.done()):
                 try:
-                    _ray().kill(actor)  # (a killed worker takes its sandbox with it: --die-with-parent)
-                except Exception:  # noqa: BLE001 (the cluster is gone: so is the actor)
+                    _ray().util.remove_placement_group(group)
+                except Exception:  # noqa: BLE001 (the cluster went meanwhile: so did the group)
                     pass
             await self._release()
 
@@ -267,8 +305,9 @@ class RaySandbox:
         await self.close()
 
     # -- calls ----------------------------------------------------------------------------------
-    async def _call(self, ref, limit: float):
-        """The result of a remote call, racing the head's watch; Ray's failures become ours."""
+    async def _call(self, ref, limit: float, named: bool = True):
+        """The result of a remote call, racing the head's watch; Ray's failures become ours
+        (`named`: the sandbox's own errors get its node's name, which start() adds there)."""
         ray = _ray()
         answer = asyncio.wrap_future(ref.future())
         try:
@@ -276,7 +315,7 @@ class RaySandbox:
                                          return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             answer.cancel()
-            if self._actor is not None:  # mid-request: out of step now, as a local sandbox would be
+            if self._host is not None:  # mid-request: out of step now, as a local sandbox would be
                 await asyncio.shield(self.close())
             raise
         if answer not in done:
@@ -290,20 +329,23 @@ class RaySandbox:
         except ray.exceptions.RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, SandboxError):  # the sandbox's own failure, as it was named there
-                raise (type(cause)(f"on Ray node {self.node}: {cause}") if self.where else cause) from None
+                raise (type(cause)(f"on Ray node {self.node}: {cause}") if named else cause) from None
             raise
         except ray.exceptions.RayError as e:
             if not await head_answers():
                 self._watch.declare()
                 raise self._watch.lost.exception() from None
-            if isinstance(e, ray.exceptions.RayActorError) and e.actor_init_failed:
-                raise SandboxUnavailable(f"a Ray worker could not host a sandbox: {_last_line(e)} "
-                                         f"(every node needs obsspec and Ray: {INSTALL_HINT})") from None
+            if isinstance(e, ray.exceptions.RayActorError):
+                _Cluster.hosts = {k: v for k, v in _Cluster.hosts.items() if v is not self._host}
+                if e.actor_init_failed:
+                    raise SandboxUnavailable(f"the Ray worker on node {self.node} could not host sandboxes: "
+                                             f"{_last_line(e)} (every node needs obsspec and Ray: "
+                                             f"{INSTALL_HINT})") from None
             raise SandboxLost(f"the Ray worker holding this sandbox on node {self.node} was lost: "
                               f"{_first_line(e)}") from None
 
     def _running(self) -> None:
-        if self._actor is None:
+        if self._host is None:
             raise SandboxError("sandbox is not running (call start() first)")
 
     async def _release(self) -> None:

@@ -171,7 +171,8 @@ def start_ray_cluster(workers: int = 2, cpus: int = 4, **head_args):
     machine's outward address even for a cluster of one machine)."""
     import os
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # (read by the nodes it starts, too)
+    # (read when Ray is imported, here and in every process of the cluster: before any import)
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, shutdown_at_exit=True,
@@ -184,8 +185,6 @@ def start_ray_cluster(workers: int = 2, cpus: int = 4, **head_args):
 def ray_cluster():
     if ray_missing():
         pytest.skip(ray_missing())
-    import ray
-
     cluster, nodes = start_ray_cluster(
         # a node whose raylet is gone is declared dead within ~2 s (Ray's default: ~30 s)
         _system_config={"health_check_period_ms": 500, "health_check_failure_threshold": 4,
@@ -194,6 +193,8 @@ def ray_cluster():
     try:
         yield RayCluster
     finally:
+        import ray
+
         ray.shutdown()
         cluster.shutdown()
         RayCluster.address, RayCluster.cluster, RayCluster.workers = "", None, []

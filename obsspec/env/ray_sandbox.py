@@ -65,17 +65,14 @@ class SandboxHost:
         import ray
 
         self.sandboxes: dict[str, Sandbox] = {}
-        self.where = {"node_ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
-                      "worker_pid": os.getpid(), "host": socket.gethostname()}
+        self.where = {"node_id": ray.get_runtime_context().get_node_id(), "worker_pid": os.getpid(),
+                      "host": socket.gethostname()}
 
     async def start(self, sid: str, config: SandboxConfig, workdir: str, environment: podman.Environment | None,
                     files: dict[str, str], setup: str) -> dict:
         sandbox = self.sandboxes[sid] = Sandbox(config, workdir=workdir, environment=environment)
         try:
             await sandbox.start(files=files, setup=setup)
-        except SandboxError as e:  # (the driver does not know the node yet: name it here)
-            await self.close(sid)
-            raise type(e)(f"on Ray node {self.where['node_ip']} ({self.where['node_id'][:8]}): {e}") from None
         except BaseException:
             await self.close(sid)
             raise
@@ -136,15 +133,31 @@ def connect(address: str):
 
 def _check_room(ray, cpus: float, memory_mb: int) -> None:
     """One line when no live node of the cluster could ever hold such a sandbox (Ray would
-    otherwise keep it pending forever). The node list is read at most every 30 s."""
-    if time.monotonic() - _Cluster.nodes[0] > 30:
+    otherwise keep it pending forever). The node list is read again after 30 s, or when it shows
+    no room (a node may have joined since)."""
+    def fits() -> bool:
+        return any(n["Resources"].get("CPU", 0) >= cpus and n["Resources"].get("memory", 0) >= memory_mb << 20
+                   for n in _Cluster.nodes[1])
+
+    if time.monotonic() - _Cluster.nodes[0] > 30 or not fits():
         _Cluster.nodes = (time.monotonic(), [n for n in ray.nodes() if n.get("Alive")])
-    sizes = [(n["Resources"].get("CPU", 0), n["Resources"].get("memory", 0) / 2**20) for n in _Cluster.nodes[1]]
-    if not any(c >= cpus and m >= memory_mb for c, m in sizes):
+    if not fits():
+        sizes = [(n["Resources"].get("CPU", 0), n["Resources"].get("memory", 0) / 2**20) for n in _Cluster.nodes[1]]
         have = ", ".join(f"{c:g} CPUs/{m:.0f} MiB" for c, m in sizes) or "no live node"
         raise SandboxUnavailable(f"no node of the Ray cluster can hold a sandbox of {cpus:g} CPUs and "
                                  f"{memory_mb} MiB (nodes: {have}): lower sandbox.ray.cpus or memory_mb "
                                  "(or the task's resources), or start a larger node")
+
+
+def _node_ip(ray, node_id: str) -> str:
+    """The address the cluster knows a node by (its raylet's)."""
+    for fresh in (False, True):
+        if fresh:
+            _Cluster.nodes = (time.monotonic(), [n for n in ray.nodes() if n.get("Alive")])
+        found = [n.get("NodeManagerAddress", "?") for n in _Cluster.nodes[1] if n.get("NodeID") == node_id]
+        if found:
+            return found[0]
+    return "?"
 
 
 def _host(ray, node_id: str):
@@ -255,12 +268,12 @@ class RaySandbox:
             self._group = placement_group([{"CPU": cpus, **({"memory": memory_mb << 20} if memory_mb else {})}])
             await self._call(self._group.ready(), START_LIMIT_S)
             node_id = placement_group_table(self._group)["bundles_to_node_id"][0]
-            ips = [n.get("NodeManagerAddress", "?") for n in _Cluster.nodes[1] if n.get("NodeID") == node_id]
-            self.where = {"node_id": node_id, "node_ip": ips[0] if ips else "?"}
+            self.where = {"node_id": node_id, "node_ip": _node_ip(ray, node_id)}
             self._host = _host(ray, node_id)
             local = dataclasses.replace(self.config, placement="local")
-            self.where = await self._call(self._host.start.remote(self._sid, local, self.workdir, self.environment,
-                                                                  files or {}, setup), START_LIMIT_S, named=False)
+            there = await self._call(self._host.start.remote(self._sid, local, self.workdir, self.environment,
+                                                             files or {}, setup), START_LIMIT_S)
+            self.where = {**there, **self.where}
         except BaseException:
             await self.close()
             raise
@@ -305,9 +318,9 @@ class RaySandbox:
         await self.close()
 
     # -- calls ----------------------------------------------------------------------------------
-    async def _call(self, ref, limit: float, named: bool = True):
-        """The result of a remote call, racing the head's watch; Ray's failures become ours
-        (`named`: the sandbox's own errors get its node's name, which start() adds there)."""
+    async def _call(self, ref, limit: float):
+        """The result of a remote call, racing the head's watch; Ray's failures become ours, and
+        the sandbox's own ones get its node's name."""
         ray = _ray()
         answer = asyncio.wrap_future(ref.future())
         try:
@@ -329,7 +342,7 @@ class RaySandbox:
         except ray.exceptions.RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, SandboxError):  # the sandbox's own failure, as it was named there
-                raise (type(cause)(f"on Ray node {self.node}: {cause}") if named else cause) from None
+                raise type(cause)(f"on Ray node {self.node}: {cause}") from None
             raise
         except ray.exceptions.RayError as e:
             if not await head_answers():

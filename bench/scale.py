@@ -1,7 +1,7 @@
 """Scale: obsspec's own cost at 16 to 1,024 episodes at once (scheduler, sandboxes, client).
 
     .venv/bin/python bench/scale.py [--episodes 16 64 256 1024] [--modes sequential speculative]
-        [--turns 8] [--tool-s 1.0] [--gen-s 0.2] [--out bench/results/scale.json] [--profile N]
+        [--placements local ray] [--turns 8] [--tool-s 1.0] [--gen-s 0.2] [--out FILE] [--profile N]
 
 Each (episodes, mode) runs in a fresh process: real bubblewrap sandboxes (the recipe's defaults,
 deterministic), the vLLM client (obsspec/engines/vllm.py) talking to a stand-in server in a
@@ -9,7 +9,10 @@ process of its own that answers every request in `--gen-s` seconds however many 
 (bench/standin_server.py: a GPU's latency, so generation is not what is measured), and a tool
 that takes `--tool-s` seconds: the command's real time in the sandbox plus an EMULATED wait up
 to that. Tasks come in groups of siblings as in GRPO (16 tasks, episodes/16 each). Speculative
-runs use the tiered predictor (history, siblings, then the stand-in's world model).
+runs use the tiered predictor (history, siblings, then the stand-in's world model). With
+`--placements ray` the same runs also go to a Ray cluster this script starts on this machine (a
+head without CPUs and two worker nodes: `sandbox.placement: ray`); their sandboxes' CPU is not
+this process's children's, so `sandbox_cpu_ms_per_turn` is left out for them.
 
 Per run it reports, from counts and resource usage (figures the machine's noise cannot move):
 - `cpu_ms_per_turn`: this process's CPU (user + system, getrusage) over the batch per committed
@@ -22,6 +25,8 @@ Per run it reports, from counts and resource usage (figures the machine's noise 
 - `starts_per_s`, `closes_per_s` (all sandboxes of the batch over the span they took),
   `start_s_p50/p95` (one start's latency under that load);
 - `loop_lag_ms` p50/p99/max: how late a 10 ms timer fires on the event loop;
+- `command_ms_mean`: a command's own time (the tool's time less the emulated wait) and, on Ray,
+  `hop_ms_mean`: of that, the hop to the worker and back (round trip less the sandbox's time);
 - `episodes_per_s`, `turn_s_mean` (wall clock: these move with the machine's load).
 `--profile N` prints the N functions of this process with the most own CPU time (cProfile).
 """
@@ -99,6 +104,8 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def one_run(n: int, mode: str, url: str, args, prof=None) -> dict:
+    import dataclasses
+
     from transformers import AutoTokenizer
 
     from obsspec.engines.vllm import VLLMEngine
@@ -113,6 +120,12 @@ async def one_run(n: int, mode: str, url: str, args, prof=None) -> dict:
     fmt = ChatFormat(AutoTokenizer.from_pretrained(TOKENIZER))
     policy = VLLMEngine(url, "policy")
     sandbox = SandboxConfig()
+    if args.ray:
+        from obsspec.env.ray_sandbox import connect
+
+        sandbox = dataclasses.replace(sandbox, placement="ray",
+                                      ray=dataclasses.replace(sandbox.ray, address=args.ray))
+        connect(args.ray)  # (joining the cluster is once per process: not part of the batch)
     base, _ = generate_builtin(TasksConfig(num_instances=GROUPS))
     tasks = [base[i % len(base)] for i in range(n)]
     tasks.sort(key=lambda t: t.task_id)  # siblings side by side, as GRPO repeats each prompt
@@ -144,14 +157,17 @@ async def one_run(n: int, mode: str, url: str, args, prof=None) -> dict:
     starts = [s for s in spans.values()]
     tool_mean = statistics.fmean(batch.metrics.tool_sec) if batch.metrics.tool_sec else 0.0
     summary = batch.metrics.summary()
+    hop = summary["tool_hop_sec_mean"]
     return {
-        "episodes": n, "mode": mode, "turns": turns, "bash_turns": bash_turns,
+        "episodes": n, "mode": mode, "placement": sandbox.placement, "turns": turns, "bash_turns": bash_turns,
         "infra_failures": sum(1 for tr in batch.trajectories if tr.infra_error),
         "cpu_s": round(cpu, 2), "sandbox_cpu_s": round(kids, 2),
         "cpu_ms_per_turn": round(1000 * cpu / turns, 2),
-        "sandbox_cpu_ms_per_turn": round(1000 * kids / max(1, bash_turns), 2),
+        "sandbox_cpu_ms_per_turn": None if args.ray else round(1000 * kids / max(1, bash_turns), 2),
         "own_share_of_tool": round(cpu / turns / args.tool_s, 4),
         "tool_s_mean": round(tool_mean, 3),
+        "command_ms_mean": round(1000 * (tool_mean - args.tool_s), 2),
+        "hop_ms_mean": round(1000 * hop, 2) if hop else None,
         "starts_per_s": rate(len(starts), [s[0] for s in starts], [s[1] for s in starts]),
         "closes_per_s": rate(len(starts), [s[2] for s in starts if s[3]], [s[3] for s in starts if s[3]]),
         "start_s_p50": round(pct([s[1] - s[0] for s in starts], 0.5), 3),
@@ -217,9 +233,9 @@ def rss_kb(pid: int) -> int:
         return 0
 
 
-def measure(n: int, mode: str, url: str, args) -> dict:
+def measure(n: int, mode: str, url: str, args, ray: str = "") -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", str(n), "--mode", mode, "--url", url,
-           "--turns", str(args.turns), "--tool-s", str(args.tool_s)]
+           "--turns", str(args.turns), "--tool-s", str(args.tool_s), *(["--ray", ray] if ray else [])]
     if args.profile:
         cmd += ["--profile", str(args.profile)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -248,10 +264,23 @@ def measure(n: int, mode: str, url: str, args) -> dict:
     return result
 
 
+def ray_cluster(episodes: int):
+    """A head without CPUs and two worker nodes on this machine's loopback address, each with
+    room for every episode's sandbox (1 CPU each: logical CPUs, as Ray counts them)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # (loopback only; read at Ray's import)
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for _ in range(2):
+        cluster.add_node(num_cpus=episodes)
+    return cluster
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--episodes", type=int, nargs="+", default=[16, 64, 256, 1024])
     ap.add_argument("--modes", nargs="+", default=["sequential", "speculative"])
+    ap.add_argument("--placements", nargs="+", default=["local"], choices=["local", "ray"])
     ap.add_argument("--turns", type=int, default=8, help="commands per episode (then done())")
     ap.add_argument("--tool-s", type=float, default=1.0, help="seconds a command takes (real + EMULATED)")
     ap.add_argument("--gen-s", type=float, default=0.2, help="seconds the stand-in takes per generation")
@@ -260,6 +289,7 @@ def main() -> None:
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="sequential", help=argparse.SUPPRESS)
     ap.add_argument("--url", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--ray", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child_main(args)
@@ -269,16 +299,22 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, os.path.join(HERE, "standin_server.py"), "--tokenizer", TOKENIZER,
                                "--gen-s", str(args.gen_s), "--turns", str(args.turns)],
                               stdout=subprocess.PIPE, text=True)
+    cluster = None
     try:
         url = f"http://127.0.0.1:{int(server.stdout.readline())}"
+        if "ray" in args.placements:
+            cluster = ray_cluster(max(args.episodes))
         runs = []
         for n in args.episodes:
             for mode in args.modes:
-                runs.append(measure(n, mode, url, args))
-                print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+                for placement in args.placements:
+                    runs.append(measure(n, mode, url, args, cluster.address if placement == "ray" else ""))
+                    print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     finally:
         server.terminate()
         server.wait()
+        if cluster is not None:
+            cluster.shutdown()
     emit({**stamp(), "turns": args.turns, "tool_s": args.tool_s, "gen_s": args.gen_s,
           "cores": os.cpu_count(), "runs": runs}, args.out)
 

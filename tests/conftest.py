@@ -4,7 +4,7 @@ took a second or more on 2 cores. Add a test here when `make test`'s slowest lis
 
 import pytest
 
-SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py"}
+SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py", "test_ray.py"}
 SLOW_TESTS = {
     "test_cli.py::test_prepare_tasks_is_reproducible_and_loadable",
     "test_engines.py::test_engine_with_a_prefix_cache_drafts_exactly_as_without",
@@ -52,13 +52,15 @@ SLOW_TESTS = {
     "test_podman.py::test_the_first_container_of_a_process_removes_those_whose_harness_is_dead",
     "test_podman.py::test_every_builtin_family_validates_in_a_container",
     "test_podman.py::test_speculation_is_lossless_on_container_tasks",
+    "test_scale.py::test_the_scale_benchmark_runs_and_reports_its_figures",
 }
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         name = f"{item.path.name}::{item.originalname}"
-        if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration"):
+        on_ray = getattr(item, "callspec", None) is not None and item.callspec.params.get("sandbox_backend") == "ray"
+        if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration") or on_ray:
             item.add_marker(pytest.mark.slow)
 
 

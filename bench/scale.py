@@ -7,8 +7,8 @@ Each (episodes, mode) runs in a fresh process: real bubblewrap sandboxes (the re
 deterministic), the vLLM client (obsspec/engines/vllm.py) talking to a stand-in server in a
 process of its own that answers every request in `--gen-s` seconds however many are in flight
 (bench/standin_server.py: a GPU's latency, so generation is not what is measured), and a tool
-that takes `--tool-s` seconds: the command's real time in the sandbox plus an EMULATED wait up
-to that. Tasks come in groups of siblings as in GRPO (16 tasks, episodes/16 each). Speculative
+that takes a little over `--tool-s` seconds: the command's real time in the sandbox plus an
+EMULATED wait of `--tool-s`. Tasks come in groups of siblings as in GRPO (16 tasks, episodes/16 each). Speculative
 runs use the tiered predictor (history, siblings, then the stand-in's world model). With
 `--placements ray` the same runs also go to a Ray cluster this script starts on this machine (a
 head without CPUs and two worker nodes: `sandbox.placement: ray`); their sandboxes' CPU is not
@@ -17,14 +17,16 @@ this process's children's, so `sandbox_cpu_ms_per_turn` is left out for them.
 Per run it reports, from counts and resource usage (figures the machine's noise cannot move):
 - `cpu_ms_per_turn`: this process's CPU (user + system, getrusage) over the batch per committed
   turn: the scheduler, the client, the sandbox harness, tokenization, events, metrics;
-- `sandbox_cpu_ms_per_turn`: CPU of the sandboxes' processes (bwrap, the supervisor and runner
-  shells, the re-stamping, and the agent's commands themselves, which are cheap here);
+- `sandbox_cpu_ms_per_turn`: CPU of the sandboxes' processes per command (bwrap, the supervisor
+  and runner shells, the re-stamping, and the agent's commands themselves, which are cheap here;
+  each episode's start, verifier and close spread over its commands);
 - `own_share_of_tool`: cpu_ms_per_turn / the tool's time (target <= 5 % at 256 episodes);
-- `rss_mb_per_episode` (this process's peak growth) and `sandbox_pss_mb_per_episode` (the
+- `rss_mb_per_episode` (this process's peak over its size before the batch) and `sandbox_pss_mb_per_episode` (the
   sandboxes' proportional set size at the peak), `peak_fds`;
 - `starts_per_s`, `closes_per_s` (all sandboxes of the batch over the span they took),
   `start_s_p50/p95` (one start's latency under that load);
-- `loop_lag_ms` p50/p99/max: how late a 10 ms timer fires on the event loop;
+- `loop_lag_ms` p50/p99/max: how late a 10 ms timer fires on the event loop (and
+  `loop_lag_ms_after_starts`: once every sandbox has started);
 - `command_ms_mean`: a command's own time (the tool's time less the emulated wait) and, on Ray,
   `hop_ms_mean`: of that, the hop to the worker and back (round trip less the sandbox's time);
 - `episodes_per_s`, `turn_s_mean` (wall clock: these move with the machine's load).
@@ -137,6 +139,7 @@ async def one_run(n: int, mode: str, url: str, args, prof=None) -> dict:
         predictor = WithHistory(WorldModelPredictor(wm, fmt, cap=sandbox.output_cap, max_tokens=256))
     sampling = Sampling(max_turns=args.turns + 1, max_new_tokens=256, max_context=1 << 15, seed=0)
     spans: dict[int, list[float]] = {}
+    rss_before = rss_kb(os.getpid())
     lag = LoopLag()
     lag_task = asyncio.ensure_future(lag.run())
     self0, kids0, t0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN), \
@@ -179,6 +182,7 @@ async def one_run(n: int, mode: str, url: str, args, prof=None) -> dict:
         "turn_s_mean": round(statistics.fmean(tr.latency_sec / max(1, len(tr.turns)) for tr in batch.trajectories), 3),
         "spec_exact_frac": summary["spec/exact_frac"],
         "maxrss_mb": round(self1.ru_maxrss / 1024, 1),
+        "rss_mb_per_episode": round(max(0, self1.ru_maxrss - rss_before) / 1024 / n, 3),
     }
 
 
@@ -239,12 +243,9 @@ def measure(n: int, mode: str, url: str, args, ray: str = "") -> dict:
     if args.profile:
         cmd += ["--profile", str(args.profile)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    base_rss, peak_rss, peak_fds, peak_pss, peak_procs, last_pss = 0, 0, 0, 0, 0, 0.0
+    peak_fds, peak_pss, peak_procs, last_pss = 0, 0, 0, 0.0
     while proc.poll() is None:
         time.sleep(1.0)
-        rss = rss_kb(proc.pid)
-        base_rss = base_rss or rss
-        peak_rss = max(peak_rss, rss)
         try:
             peak_fds = max(peak_fds, len(os.listdir(f"/proc/{proc.pid}/fd")))
         except OSError:
@@ -259,8 +260,7 @@ def measure(n: int, mode: str, url: str, args, ray: str = "") -> dict:
         raise SystemExit(f"run of {n} {mode} episodes failed (exit {proc.returncode})")
     result = json.loads(out[-1])
     result.update(peak_fds=peak_fds, sandbox_processes_peak=peak_procs,
-                  rss_mb_per_episode=round(max(0, peak_rss - base_rss) / 1024 / n, 3),
-                  sandbox_pss_mb_per_episode=round(peak_pss / 1024 / max(1, n), 3))
+                  sandbox_pss_mb_per_episode=round(peak_pss / 1024 / max(1, n), 3) if not ray else None)
     return result
 
 

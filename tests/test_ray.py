@@ -149,6 +149,19 @@ def test_with_retries_the_lost_episodes_run_again_to_the_same_tokens(local_batch
     assert same_tokens(local_batch, batch) == [], "a retried episode differs from the local one"
 
 
+def test_a_podman_sandbox_runs_on_a_worker_too(ray_cluster, podman_base):
+    from obsspec.env.ray_sandbox import RaySandbox
+
+    async def go():
+        async with RaySandbox(dataclasses.replace(on_ray(), backend="podman")) as sb:
+            await sb.start(files={"a.txt": "hi\n"})
+            return sb.where, await sb.run("cat a.txt; grep -c Debian /etc/os-release"), await sb.verify("test -f a.txt")
+
+    where, result, reward = asyncio.run(go())
+    assert where["container"].startswith("obsspec-") and where["node_ip"] == "127.0.0.1", where
+    assert result.output == b"hi\n1\n" and reward == 1.0
+
+
 def _shell(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, *sys.path[1:]])}
     return subprocess.run([sys.executable, "-m", "obsspec", "shell", "json-edit-00004", "--no-verify", *args],

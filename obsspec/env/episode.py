@@ -70,6 +70,23 @@ def open_sandbox(config: SandboxConfig, workdir: str = "/app", environment: podm
     return Sandbox(config, workdir=workdir, environment=environment)
 
 
+async def preflight(config: SandboxConfig) -> None:
+    """Fail fast, with one clear line, when sandboxes cannot start on this machine at all (with
+    placement=ray: on a worker of the cluster, whose node the line names)."""
+    sandbox = open_sandbox(config)
+    try:
+        await sandbox.start()
+        await sandbox.run("true")
+    except SandboxUnavailable:
+        raise
+    except SandboxError as e:
+        what = "a podman container" if config.backend == "podman" else "a bubblewrap sandbox"
+        where = "on the Ray cluster" if config.placement == "ray" else "here"
+        raise SandboxUnavailable(f"cannot start {what} {where}: {e}") from None
+    finally:
+        await sandbox.close()
+
+
 async def start_sandbox(task: Task, config: SandboxConfig) -> Sandbox:
     sandbox = open_sandbox(config, task.workdir, task_environment(task))
     try:

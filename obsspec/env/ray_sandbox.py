@@ -4,7 +4,7 @@
     await sandbox.start(files, setup); result = await sandbox.run("ls -la")
     reward = await sandbox.verify(script, files); await sandbox.close()
 
-`start_sandbox` (obsspec/env/episode.py) and `preflight` pick this class when the recipe says
+`start_sandbox` and `preflight` (obsspec/env/episode.py) pick this class when the recipe says
 `sandbox.placement: ray`, so rollouts, training, evaluation, `obsspec shell` and task validation
 all take this one path, whether the cluster is this machine or many; the scheduler, the engines
 and the trainer stay in this process. Ray is the transport; there is no protocol of ours.

@@ -170,28 +170,6 @@ def output_settings(config: SandboxConfig) -> dict:
     return {k: v for k, v in to_dict(config).items() if k not in ("placement", "ray")}
 
 
-async def preflight(config: SandboxConfig) -> None:
-    """Fail fast, with one clear line, when sandboxes cannot start on this machine at all (with
-    placement=ray: on a worker of the cluster, whose node the line names)."""
-    if config.placement == "ray":
-        from obsspec.env.ray_sandbox import RaySandbox
-
-        sandbox = RaySandbox(config)
-    else:
-        sandbox = Sandbox(config)
-    try:
-        await sandbox.start()
-        await sandbox.run("true")
-    except SandboxUnavailable:
-        raise
-    except SandboxError as e:
-        what = "a podman container" if config.backend == "podman" else "a bubblewrap sandbox"
-        where = "on the Ray cluster" if config.placement == "ray" else "here"
-        raise SandboxUnavailable(f"cannot start {what} {where}: {e}") from None
-    finally:
-        await sandbox.close()
-
-
 def check_bwrap() -> str:
     """Path of bwrap, or a SandboxUnavailable that says how to install it."""
     path = shutil.which("bwrap")

@@ -24,9 +24,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from obsspec.env.episode import EpisodeRecord, run_scripted
+from obsspec.env.episode import EpisodeRecord, preflight, run_scripted
 from obsspec.env.families import all_families
-from obsspec.env.sandbox import SandboxConfig, output_settings, preflight
+from obsspec.env.sandbox import SandboxConfig, output_settings
 from obsspec.env.task import Task
 from obsspec.fields import doc, to_dict
 from obsspec.progress import Display

@@ -139,6 +139,25 @@ def test_a_killed_worker_makes_its_episodes_infra_failures_and_the_others_go_on(
         assert not os.path.exists(f"/proc/{where['supervisor_pid']}"), f"sandbox {where} survived its worker"
 
 
+def test_a_worker_that_died_while_idle_is_replaced_at_the_next_start(ray_cluster):
+    from obsspec.env.ray_sandbox import RaySandbox
+
+    async def where_each_node():  # (4 CPUs each: one sandbox on each worker node)
+        sandboxes = [RaySandbox(on_ray(cpus=4)) for _ in range(2)]
+        await asyncio.gather(*(sb.start() for sb in sandboxes))
+        for sb in sandboxes:
+            await sb.close()
+        return [sb.where for sb in sandboxes]
+
+    before = asyncio.run(where_each_node())
+    assert len({w["node_id"] for w in before}) == 2
+    for w in before:
+        os.kill(w["worker_pid"], signal.SIGKILL)
+    time.sleep(1)
+    after = asyncio.run(where_each_node())  # (no SandboxLost: a new host on each node)
+    assert {w["worker_pid"] for w in after}.isdisjoint(w["worker_pid"] for w in before)
+
+
 def test_with_retries_the_lost_episodes_run_again_to_the_same_tokens(local_batch):
     tools, killed = {}, []
     batch = rollout(on_ray(cpus=2, retries=1), latency=0.5, on_event=kill_one_host(tools, killed), tools=tools)
@@ -155,11 +174,12 @@ def test_a_podman_sandbox_runs_on_a_worker_too(ray_cluster, podman_base):
     async def go():
         async with RaySandbox(dataclasses.replace(on_ray(), backend="podman")) as sb:
             await sb.start(files={"a.txt": "hi\n"})
-            return sb.where, await sb.run("cat a.txt; grep -c Debian /etc/os-release"), await sb.verify("test -f a.txt")
+            return sb.where, await sb.run("cat a.txt; grep -q Debian /etc/os-release && echo debian"), \
+                await sb.verify("test -f a.txt")
 
     where, result, reward = asyncio.run(go())
     assert where["container"].startswith("obsspec-") and where["node_ip"] == "127.0.0.1", where
-    assert result.output == b"hi\n1\n" and reward == 1.0
+    assert result.output == b"hi\ndebian\n" and reward == 1.0
 
 
 def _shell(*args: str) -> subprocess.CompletedProcess:

@@ -259,20 +259,29 @@ class RaySandbox:
         ray = connect(placement.address)
         cpus = (env.cpus if env and env.cpus else 0) or placement.cpus
         memory_mb = (env.memory_mb if env and env.memory_mb else 0) or placement.memory_mb
+        watch = _watch()
+        if watch.lost.done():  # (the head is gone: asking it for room would hang)
+            raise watch.lost.exception()
         _check_room(ray, cpus, memory_mb)
-        self._watch = _watch()
-        self._watch.users += 1
-        if self._watch.task is None:
-            self._watch.task = asyncio.ensure_future(self._watch.probe())
+        self._watch = watch
+        watch.users += 1
+        if watch.task is None:
+            watch.task = asyncio.ensure_future(watch.probe())
         try:
             self._group = placement_group([{"CPU": cpus, **({"memory": memory_mb << 20} if memory_mb else {})}])
             await self._call(self._group.ready(), START_LIMIT_S)
-            node_id = placement_group_table(self._group)["bundles_to_node_id"][0]
-            self.where = {"node_id": node_id, "node_ip": _node_ip(ray, node_id)}
-            self._host = _host(ray, node_id)
             local = dataclasses.replace(self.config, placement="local")
-            there = await self._call(self._host.start.remote(self._sid, local, self.workdir, self.environment,
-                                                             files or {}, setup), START_LIMIT_S)
+            for attempt in (1, 2):
+                node_id = placement_group_table(self._group)["bundles_to_node_id"][0]
+                self.where = {"node_id": node_id, "node_ip": _node_ip(ray, node_id)}
+                self._host = _host(ray, node_id)
+                try:
+                    there = await self._call(self._host.start.remote(
+                        self._sid, local, self.workdir, self.environment, files or {}, setup), START_LIMIT_S)
+                    break
+                except SandboxLost:
+                    if attempt == 2:  # (a host that died while idle is only found out now: once more)
+                        raise
             self.where = {**there, **self.where}
         except BaseException:
             await self.close()

@@ -39,11 +39,13 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -164,6 +166,9 @@ async def one_run(n: int, mode: str, url: str, args, prof=None) -> dict:
     return {
         "episodes": n, "mode": mode, "placement": sandbox.placement, "turns": turns, "bash_turns": bash_turns,
         "infra_failures": sum(1 for tr in batch.trajectories if tr.infra_error),
+        # (each distinct error, digits dropped so that one cause counts once)
+        "infra_errors": dict(Counter(re.sub(r"\d+", "N", tr.infra_error)[:160]
+                                     for tr in batch.trajectories if tr.infra_error)),
         "cpu_s": round(cpu, 2), "sandbox_cpu_s": round(kids, 2),
         "cpu_ms_per_turn": round(1000 * cpu / turns, 2),
         "sandbox_cpu_ms_per_turn": None if args.ray else round(1000 * kids / max(1, bash_turns), 2),

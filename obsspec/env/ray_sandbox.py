@@ -117,7 +117,8 @@ def _ray():
 
 
 def connect(address: str):
-    """Join the cluster `address` names (once per process); the `ray` module."""
+    """Join the cluster `address` names (once per process: a process already in a cluster stays
+    in it); the `ray` module."""
     ray = _ray()
     if not ray.is_initialized():
         try:
@@ -126,6 +127,8 @@ def connect(address: str):
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise SandboxUnavailable(f"cannot join the Ray cluster at {address} (sandbox.ray.address): "
                                      f"{_first_line(e)}; start it with `ray start --head`") from None
+        _Cluster.head = None
+    if _Cluster.head is None:  # (also when this process joined a cluster before, by itself)
         host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
         _Cluster.head, _Cluster.nodes, _Cluster.hosts = (host.strip("[]"), int(port)), (0.0, []), {}
     return ray

@@ -45,6 +45,7 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         from obsspec.engines.server import ServerError
         from obsspec.env.harbor import HarborImportError
+        from obsspec.env.ray_sandbox import RayClusterLost
         from obsspec.env.sandbox import SandboxUnavailable
         from obsspec.env.suite import SuiteError
         from obsspec.models.bases import BasesError
@@ -57,7 +58,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except (ConfigError, SuiteError, BasesError, HarborImportError, SandboxUnavailable, RolloutError,
-                ReportError, SimError, TrainError, WorldModelError, ServerError) as e:
+                ReportError, SimError, TrainError, WorldModelError, ServerError, RayClusterLost) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)
 

@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap faketime chromium >/dev/null; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip >/dev/null
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,ray]'
 	@touch $(STAMP)
 
 # vLLM's CPU build, for the vLLM layout (recipes/tiny-cpu-vllm.yaml) and the real-server tests: its
@@ -49,10 +49,10 @@ demo: install
 	$(BIN)/obsspec demo
 
 # Fast unit tests and the integration tests (real sandboxes and containers, real CLI, tiny local
-# models, a real vLLM server: OBSSPEC_REQUIRE_VLLM=1 and OBSSPEC_REQUIRE_PODMAN=1 make their
-# absence a failure, not a skip).
+# models, a real vLLM server, a Ray cluster of this machine: OBSSPEC_REQUIRE_VLLM=1,
+# OBSSPEC_REQUIRE_PODMAN=1 and OBSSPEC_REQUIRE_RAY=1 make their absence a failure, not a skip).
 test: install install-vllm install-podman
-	OBSSPEC_REQUIRE_VLLM=1 OBSSPEC_REQUIRE_PODMAN=1 $(BIN)/python -m pytest -q --durations=15 -m "not gpu" tests
+	OBSSPEC_REQUIRE_VLLM=1 OBSSPEC_REQUIRE_PODMAN=1 OBSSPEC_REQUIRE_RAY=1 $(BIN)/python -m pytest -q --durations=15 -m "not gpu" tests
 
 # The developer's loop: everything but the slow tier (tests/conftest.py), in under a minute.
 test-fast: install

@@ -46,6 +46,7 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         from obsspec.engines.server import ServerError
         from obsspec.env.harbor import HarborImportError
+        from obsspec.env.ray_sandbox import RayClusterLost
         from obsspec.env.sandbox import SandboxUnavailable
         from obsspec.env.suite import SuiteError
         from obsspec.models.bases import BasesError
@@ -59,7 +60,8 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except (ConfigError, SuiteError, BasesError, HarborImportError, SandboxUnavailable, RolloutError,
-                ReportError, SimError, TrainError, WorldModelError, ServerError, ExportError) as e:
+                ReportError, SimError, TrainError, WorldModelError, ServerError, RayClusterLost,
+                ExportError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)
 
@@ -208,7 +210,13 @@ def train_cmd(
     overrides: List[str] = typer.Argument(None, help=OVERRIDES_HELP),
     out: str = typer.Option("", "--out", help="Run directory (default: RUN_DIR/train-NAME)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Check the recipe and print the plan; load no model."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the recipe and print the plan (where each "
+                                                          "process runs, each GPU's memory); load no model."),
+    gpus: int = typer.Option(0, "--gpus", help="With --dry-run: plan for a node of this many GPUs (default: "
+                                               "this machine's, when it has any)."),
+    gpu_memory_gb: float = typer.Option(0.0, "--gpu-memory-gb", help="With --gpus: memory of each GPU, GB "
+                                                                     "(80 for an H100/A100 80GB, 141 for an H200)."),
+    as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON."),
     display: str = typer.Option("auto", "--display", help=DISPLAY_HELP),
 ):
     """GRPO training of the policy with speculative rollouts and world-model co-training.
@@ -220,6 +228,13 @@ def train_cmd(
     display shows the hit rate and the rollout time speculation hid. Writes metrics.jsonl
     (`obsspec report RUN_DIR` plots it), eval.json (val success before and after), checkpoints.
 
+    On GPUs every start first plans the node (docs/TRAINING.md, "Placement and memory"): which
+    GPUs the trainer's processes, the vLLM servers and the world model's co-training use
+    (`servers.*_gpus`), and an estimate of each GPU's memory from the models' shapes. A layout
+    that cannot fit stops with one line naming what overflows, by how much and the key to
+    change. `--dry-run` prints that plan on any machine; `--gpus` and `--gpu-memory-gb` give it
+    a node to plan for.
+
     **Examples**
 
         obsspec train recipes/tiny-cpu.yaml
@@ -228,20 +243,30 @@ def train_cmd(
 
         obsspec train recipes/tiny-cpu.yaml --out runs/short --resume
 
-        obsspec train recipes/terminal-8b.yaml --dry-run
+        obsspec train recipes/terminal-8b.yaml --dry-run --gpus 8 --gpu-memory-gb 80
+
+        obsspec train recipes/terminal-8b.yaml --dry-run --gpus 8 --gpu-memory-gb 80 train.micro_batch_size=4
 
         torchrun --nproc_per_node 2 -m obsspec train recipes/tiny-cpu.yaml
     """
-    from obsspec.training.grpo import run_training, training_plan
+    from obsspec.training.grpo import dry_run_plan, run_training
+    from obsspec.training.plan import PlanError
     from obsspec.ui.live import make_live
 
     rec = _load(recipe, overrides or [])
     out_dir = out or os.path.join(rec.run_dir, f"train-{rec.name}")
     if dry_run:
-        processes = int(os.environ.get("WORLD_SIZE", "1"))
-        typer.echo(json.dumps({"command": "train", "dry_run": True, "out_dir": out_dir,
-                               **training_plan(rec, processes)}, indent=2))
+        try:
+            plan, text = dry_run_plan(rec, gpus, gpu_memory_gb)
+        except PlanError as e:
+            if e.text and not as_json:
+                typer.echo(e.text)
+            raise
+        typer.echo(json.dumps({"command": "train", "dry_run": True, "out_dir": out_dir, **plan}, indent=2)
+                   if as_json else text)
         return
+    if gpus or gpu_memory_gb or as_json:
+        raise ConfigError("--gpus, --gpu-memory-gb and --json go with --dry-run (a start plans the GPUs it finds)")
     progress = _display(display)  # (checks --display before anything starts)
     summary = run_training(rec, out_dir, resume=resume, live=make_live(display, "training"),
                            display=progress)

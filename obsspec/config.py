@@ -57,8 +57,8 @@ class Recipe:
                                              "co-training, checkpoints.")
     wm_train: WorldModelTrainConfig = doc(WorldModelTrainConfig(), "World-model LoRA fine-tuning "
                                           "(`obsspec train-worldmodel`, and co-training).")
-    servers: ServersConfig = doc(ServersConfig(), "vLLM servers obsspec starts itself (sections on "
-                                                  "engine vllm).")
+    servers: ServersConfig = doc(ServersConfig(), "vLLM servers (sections on engine vllm) and the "
+                                                  "node's GPU layout.")
 
     def __post_init__(self) -> None:
         if self.name in ("", ".", "..") or "/" in self.name or "\0" in self.name:

@@ -232,13 +232,14 @@ def compare(seq: list[Trajectory], spec: list[Trajectory]) -> dict:
     engine's fast mode). Latency reduction is computed over token-identical episodes only, the
     only ones where the two runs did the same work.
     """
-    by_tool, by_policy, same = [], [], []
+    by_tool, by_policy, same, tokens = [], [], [], 0
     for a, b in zip(seq, spec):
         if a.tokens_equal(b) and a.reward == b.reward and \
                 all(abs(x - y) <= 1e-4 for x, y in zip(a.logprobs, b.logprobs)):
             same.append((a, b))
             continue
         i = next((k for k, (x, y) in enumerate(zip(a.ids, b.ids)) if x != y), min(len(a.ids), len(b.ids)))
+        tokens += max(len(a.ids), len(b.ids)) - i  # from the first difference on
         in_action = i < len(a.policy_mask) and a.policy_mask[i] == 1
         (by_policy if in_action else by_tool).append(a.episode)
     pairs = [(a.latency_sec, b.latency_sec) for a, b in same
@@ -249,6 +250,7 @@ def compare(seq: list[Trajectory], spec: list[Trajectory]) -> dict:
         "token_identical": not by_tool and not by_policy,
         "episodes_differing": sorted(by_tool + by_policy),
         "differing_first_in_observation": by_tool, "differing_first_in_action": by_policy,
+        "tokens_differing": tokens,
         "episodes_compared_for_latency": len(pairs),
         "latency_mean_sequential_sec": seq_mean, "latency_mean_speculative_sec": spec_mean,
         "mean_latency_reduction": (1 - spec_mean / seq_mean) if pairs and seq_mean else None,

@@ -4,7 +4,8 @@ took a second or more on 2 cores. Add a test here when `make test`'s slowest lis
 
 import pytest
 
-SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py", "test_export.py", "test_export_models.py"}
+SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py", "test_ray.py", "test_export.py",
+              "test_export_models.py"}
 SLOW_TESTS = {
     "test_cli.py::test_prepare_tasks_is_reproducible_and_loadable",
     "test_engines.py::test_engine_with_a_prefix_cache_drafts_exactly_as_without",
@@ -53,13 +54,17 @@ SLOW_TESTS = {
     "test_podman.py::test_the_first_container_of_a_process_removes_those_whose_harness_is_dead",
     "test_podman.py::test_every_builtin_family_validates_in_a_container",
     "test_podman.py::test_speculation_is_lossless_on_container_tasks",
+    "test_plan.py::test_activation_bytes_are_what_autograd_keeps",
+    "test_plan.py::test_a_start_on_gpus_refuses_before_anything_loads",
+    "test_scale.py::test_the_scale_benchmark_runs_and_reports_its_figures",
 }
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         name = f"{item.path.name}::{item.originalname}"
-        if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration"):
+        on_ray = getattr(item, "callspec", None) is not None and item.callspec.params.get("sandbox_backend") == "ray"
+        if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration") or on_ray:
             item.add_marker(pytest.mark.slow)
 
 
@@ -95,26 +100,107 @@ def podman_base():
     assert not left, f"episode containers left behind: {left}"
 
 
-@pytest.fixture(params=["bwrap", "podman"])
+# The suites that also run with their sandboxes on Ray workers (backend "ray": bubblewrap there).
+RAY_SUITES = {"test_faults.py", "test_reward_hacks.py"}
+
+
+def pytest_generate_tests(metafunc):
+    if "sandbox_backend" in metafunc.fixturenames:
+        backends = ["bwrap", "podman"] + (["ray"] if metafunc.module.__file__.endswith(tuple(RAY_SUITES)) else [])
+        metafunc.parametrize("sandbox_backend", backends, indirect=True)
+
+
+@pytest.fixture
 def sandbox_backend(request):
     import shutil
 
-    if request.param == "bwrap" and shutil.which("bwrap") is None:
+    if request.param in ("bwrap", "ray") and shutil.which("bwrap") is None:
         pytest.skip("needs bubblewrap (make install)")
     if request.param == "podman":
         request.getfixturevalue("podman_base")
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
     return request.param
+
+
+def backend_config(config, backend: str):
+    """`config` for a backend of the `sandbox_backend` fixture ("ray": bubblewrap on the test's
+    Ray cluster)."""
+    import dataclasses
+
+    if backend == "ray":
+        return dataclasses.replace(config, backend="bwrap", placement="ray",
+                                   ray=dataclasses.replace(config.ray, address=RayCluster.address))
+    return dataclasses.replace(config, backend=backend)
 
 
 def on_backend(module, monkeypatch, backend: str) -> None:
     """Every SandboxConfig the test module makes (its CFG-like constants and its calls) uses
-    `backend`."""
-    import dataclasses
-    import functools
-
+    `backend`, and with "ray" every `Sandbox` it opens is one on a Ray worker."""
     from obsspec.env.sandbox import SandboxConfig
 
     for name, value in vars(module).items():
         if isinstance(value, SandboxConfig):
-            monkeypatch.setattr(module, name, dataclasses.replace(value, backend=backend))
-    monkeypatch.setattr(module, "SandboxConfig", functools.partial(SandboxConfig, backend=backend))
+            monkeypatch.setattr(module, name, backend_config(value, backend))
+    monkeypatch.setattr(module, "SandboxConfig", lambda *a, **k: backend_config(SandboxConfig(*a, **k), backend))
+    if backend == "ray" and hasattr(module, "Sandbox"):
+        from obsspec.env.ray_sandbox import RaySandbox
+
+        monkeypatch.setattr(module, "Sandbox", RaySandbox)
+
+
+# ---------------------------------------------------------------------------------------------
+# A Ray cluster on this machine: a head without CPUs (nothing runs there, as on a trainer node)
+# and two worker nodes, started once (~15 s) for the tests that need it and torn down at the end.
+# With OBSSPEC_REQUIRE_RAY=1 (`make test`) a missing Ray is an error, not a skip.
+
+
+class RayCluster:
+    address = ""
+    cluster = None
+    workers: list = []
+
+
+def ray_missing() -> str:
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("OBSSPEC_REQUIRE_RAY") == "1":
+            raise RuntimeError("OBSSPEC_REQUIRE_RAY=1 but Ray is missing: pip install -e '.[ray]' (make install)")
+        return "needs Ray (pip install -e '.[ray]')"
+    return ""
+
+
+def start_ray_cluster(workers: int = 2, cpus: int = 4, **head_args):
+    """A Ray cluster of this machine's loopback addresses only (Ray would otherwise use the
+    machine's outward address even for a cluster of one machine)."""
+    import os
+
+    # (read when Ray is imported, here and in every process of the cluster: before any import)
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, shutdown_at_exit=True,
+                      head_node_args={"num_cpus": 0, "include_dashboard": False, **head_args})
+    nodes = [cluster.add_node(num_cpus=cpus) for _ in range(workers)]
+    return cluster, nodes
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    if ray_missing():
+        pytest.skip(ray_missing())
+    cluster, nodes = start_ray_cluster(
+        # a node whose raylet is gone is declared dead within ~2 s (Ray's default: ~30 s)
+        _system_config={"health_check_period_ms": 500, "health_check_failure_threshold": 4,
+                        "health_check_initial_delay_ms": 1000})
+    RayCluster.address, RayCluster.cluster, RayCluster.workers = cluster.address, cluster, nodes
+    try:
+        yield RayCluster
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
+        RayCluster.address, RayCluster.cluster, RayCluster.workers = "", None, []

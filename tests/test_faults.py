@@ -378,7 +378,9 @@ SANDBOX = SandboxConfig(timeout_s=2, memory_mb=1024, max_procs=64)
 
 @pytest.fixture
 def sandbox_cfg(sandbox_backend):
-    return dataclasses.replace(SANDBOX, backend=sandbox_backend)
+    from conftest import backend_config
+
+    return backend_config(SANDBOX, sandbox_backend)
 
 
 def test_timeout_parameter_is_clamped_and_shown(sandbox_cfg):
@@ -414,7 +416,7 @@ def test_sandbox_killed_mid_episode_is_an_infra_error_with_nothing_left(sandbox_
 
     async def run_and_kill(command, turn, timeout=None):
         if turn == 1:
-            seen.append((tool.sandbox._supervisor_pid, tool.sandbox.container))
+            seen.append((tool.sandbox.supervisor_pid, tool.sandbox.container))
             assert seen[0][0], "the sandbox's PID 1 is not known"
             asyncio.get_running_loop().call_later(0.05, os.kill, seen[0][0], 9)
             return await original("sleep 1", turn, timeout)
@@ -440,7 +442,7 @@ def test_cancelling_mid_command_kills_the_sandbox(sandbox_cfg):
     original = tool.run
 
     async def slow(command, turn, timeout=None):
-        seen.append((tool.sandbox._supervisor_pid, tool.sandbox.container))
+        seen.append((tool.sandbox.supervisor_pid, tool.sandbox.container))
         return await original("sleep 30", turn, timeout)
 
     tool.run = slow

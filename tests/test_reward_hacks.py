@@ -24,7 +24,8 @@ CFG = SandboxConfig(timeout_s=3, memory_mb=1024, max_procs=64)
 
 @pytest.fixture(autouse=True)
 def _every_backend(sandbox_backend, monkeypatch):
-    """Each hack is tried in the bubblewrap sandbox and in a podman container."""
+    """Each hack is tried in the bubblewrap sandbox, in a podman container, and in a bubblewrap
+    sandbox on a Ray worker."""
     import sys
 
     from conftest import on_backend
@@ -162,7 +163,7 @@ def test_locked_directories_do_not_keep_links_or_root_files_for_the_verifier(loc
     # the agent set are put back, so no program (/) or no verifier script (/run) can be reached,
     # and the locked sandbox scores 0 (before, a locked / was an infra error: excluded at will).
     # A container's / and /run are root's and read-only: the agent can neither lock nor add to them.
-    expected = 0.0 if lock == "chmod 000 {d}" and sandbox_backend == "bwrap" else 1.0
+    expected = 0.0 if lock == "chmod 000 {d}" and sandbox_backend != "podman" else 1.0
     assert reward(hello, [*hello.solution, f"echo x > /conftest.py; mkdir -p /run/x; {lock.format(d='/run')}; "
                                            f"{lock.format(d='/')}"]) == expected
     assert reward(hello, [*hello.solution, lock.format(d="/run")]) == expected

@@ -55,7 +55,6 @@ def rollouts_for(fmt, trajectories) -> Rollouts:
                                episodes_per_step=len(trajectories), make_tool=None)
     r = Rollouts({"t0": None}, settings, policy=None, fmt=fmt, predictor=None, out_dir="")
     r.run = lambda tasks, step, first, label="": _stash(r, StepRollouts(step, trajectories, {"spec/exact_frac": 0.5}))
-    r.logprob_check = {}  # (scripted logprobs: no model sampled them; the check has its own test)
     return r
 
 
@@ -148,31 +147,131 @@ def test_trl_leaves_an_infra_failure_out_of_its_groups_baseline(fmt, tokenizer, 
     assert loss_mask[0].sum().item() > 0
 
 
-def test_the_first_batchs_logprobs_must_be_the_trainers(fmt, tokenizer):
-    """The trainer's own logprobs pass; those of another distribution (a server reporting the raw
-    model's logprobs at T != 1, or other weights) stop the run with the likely cause."""
-    from obsspec.training.logprob_check import LogprobMismatch, TOLERANCE, check_rows, logprob_gap
-
-    torch.manual_seed(0)
+def tiny_policy(tokenizer, seed=0):
+    torch.manual_seed(seed)
     model = tiny.build_model(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
                                              head_dim=8, intermediate_size=32), tokenizer, 512)
     with torch.no_grad():  # sharp logits, as a trained model's: the temperature then matters
         model.get_output_embeddings().weight.mul_(30)
-    prompt, completion = [5, 6, 7, 8], [9, 10, 11, 12, 13]
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1]
-    def rows(temperature):
-        lps = torch.log_softmax(logits / temperature, -1).gather(-1, ids[0, len(prompt):, None])[:, 0].tolist()
-        lps[2] = 0.0  # an observation token: not the policy's, never compared
-        return {"prompt_ids": [prompt], "completion_ids": [completion], "logprobs": [lps],
-                "env_mask": [[1, 1, 0, 1, 1]]}
+    return model
 
-    good = check_rows(model, rows(0.7), 0.7, "vllm")
-    assert good["mean_abs"] < 1e-5 and good["tokens"] == 4
-    assert logprob_gap(model, rows(1.0), 0.7)[0] > TOLERANCE, "the raw model's logprobs at T 0.7"
-    with pytest.raises(LogprobMismatch, match="processed_logprobs"):
-        check_rows(model, rows(1.0), 0.7, "vllm")
+
+def sampler_trainer(tokenizer, tmp_path, monkeypatch, logprobs_of, correction, peft_config=None, model=None):
+    """The real GRPOTrainer obsspec runs, on a tiny model, whose one group of 4 rows carries the
+    logprobs `logprobs_of(model, prompt, completion)` reports for its sampled tokens."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from obsspec.training.sampler import SamplerAwareGRPOTrainer, SamplerCheck
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    model = model or tiny_policy(tokenizer)
+    prompt, completion = [5, 6, 7, 8], [9, 10, 11, 12, tokenizer.eos_token_id]
+    mask = [1, 1, 0, 1, 1]  # token 11 is an observation's: never compared, never weighted
+
+    def rollout(prompts, trainer):
+        lps = logprobs_of(trainer.accelerator.unwrap_model(trainer.model), prompt, completion)
+        return {"prompt_ids": [prompt] * 4, "completion_ids": [completion] * 4, "logprobs": [lps] * 4,
+                "env_mask": [mask] * 4, "verifier_reward": [1.0, 0.0, 0.0, 1.0]}
+
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=4,
+                      num_generations=4, max_steps=1, report_to=[], disable_tqdm=True, temperature=0.7,
+                      remove_unused_columns=False, activation_checkpointing=False)
+    trainer = SamplerAwareGRPOTrainer(
+        model=model, reward_funcs=[lambda verifier_reward, **_: verifier_reward], args=args,
+        train_dataset=Dataset.from_list([{"prompt": "t0"}]), processing_class=tokenizer, rollout_func=rollout,
+        peft_config=peft_config, sampler=SamplerCheck(correction, 2.0, "vllm"))
+    return trainer, [{"prompt": "t0"} for _ in range(4)]  # (TRL writes each row's fields into its dict)
+
+
+def logprobs_at(temperature, shift=0.0):
+    """The logprobs of the sampled tokens under `model` at `temperature`, plus `shift` nats."""
+    def of(model, prompt, completion):
+        ids = torch.tensor([prompt + completion])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+        lps = torch.log_softmax(logits / temperature, -1).gather(-1, ids[0, len(prompt):, None])[:, 0]
+        return (lps + shift).tolist()
+    return of
+
+
+def test_importance_weights_are_truncated_ratios_on_policy_tokens_only():
+    from obsspec.training.sampler import importance_weights, logprob_gap
+
+    trainer = torch.tensor([[-1.0, -2.0, -3.0, -0.5]])
+    sampler = torch.tensor([[-1.0, -2.5, -1.0, float("nan")]])
+    mask = torch.tensor([[1, 1, 0, 1]])
+    w, stats = importance_weights(trainer, sampler, mask, cap=1.5)
+    assert torch.allclose(w, torch.tensor([[1.0, 1.5, 1.0, 1.0]])), \
+        "exp(0.5) = 1.65 is truncated to the cap; an observation token and an unscored token weigh 1"
+    assert stats["sampler/weight_clipped_frac"] == pytest.approx(1 / 3)
+    assert logprob_gap(trainer, sampler, mask) == (pytest.approx(0.5), pytest.approx(0.5), 2)
+
+
+def test_the_trainers_own_logprobs_pass_and_give_weights_of_one(fmt, tokenizer, tmp_path, monkeypatch):
+    trainer, prompts = sampler_trainer(tokenizer, tmp_path, monkeypatch, logprobs_at(0.7), correction=True)
+    out = trainer._generate_and_score_completions(prompts)
+    assert out["advantages"].shape == out["completion_ids"].shape, "per-token advantages carry the weights"
+    plain = (torch.tensor([1.0, 0.0, 0.0, 1.0]) - 0.5) / (torch.tensor([1.0, 0.0, 0.0, 1.0]).std() + 1e-4)
+    assert torch.allclose(out["advantages"], plain[:, None].expand_as(out["advantages"]), atol=1e-4)
+    metrics = trainer._metrics["train"]
+    assert metrics["sampler/logp_diff_mean"][-1] < 1e-5 and metrics["sampler/weight_clipped_frac"][-1] == 0.0
+    assert trainer.sampler.summary()["tokens"] == 16
+
+
+def test_a_sampler_that_differs_is_weighted_token_by_token(fmt, tokenizer, tmp_path, monkeypatch):
+    """Sampler logprobs 0.3 nats below the trainer's: every policy token's advantage is scaled by
+    exp(0.3) = 1.35; the observation token keeps its weight of 1 (it has no loss anyway)."""
+    trainer, prompts = sampler_trainer(tokenizer, tmp_path, monkeypatch, logprobs_at(0.7, shift=-0.3),
+                                       correction=True)
+    trainer.sampler.first = {}  # (past the first step's check: a 0.3-nat gap is not a misconfiguration here)
+    out = trainer._generate_and_score_completions(prompts)
+    ratio = out["advantages"][0] / out["advantages"][0, 2]
+    assert torch.allclose(ratio[:5], torch.tensor([1.35, 1.35, 1.0, 1.35, 1.35]), atol=0.01)
+    assert trainer._metrics["train"]["sampler/logp_diff_mean"][-1] == pytest.approx(0.3, abs=1e-4)
+    assert trainer._metrics["train"]["sampler/weight_mean"][-1] == pytest.approx(1.35, abs=0.01)
+
+
+def test_the_first_batchs_logprobs_must_be_the_trainers(fmt, tokenizer, tmp_path, monkeypatch):
+    """A server reporting the raw model's logprobs at T 0.7 (not processed ones) stops the run at
+    its first step, with the likely cause, with or without the correction."""
+    from obsspec.training.sampler import LogprobMismatch
+
+    for correction in (False, True):
+        trainer, prompts = sampler_trainer(tokenizer, tmp_path, monkeypatch, logprobs_at(1.0), correction)
+        with pytest.raises(LogprobMismatch, match="processed_logprobs"):
+            trainer._generate_and_score_completions(prompts)
+
+
+def test_a_policy_adapter_the_server_ignores_stops_the_run(fmt, tokenizer, tmp_path, monkeypatch):
+    """After a push, a trained LoRA that moves the logprobs past the tolerance must show in the
+    rollouts' logprobs: a server still sampling from the adapter-less policy stops the run, one
+    that applies it passes."""
+    from peft import LoraConfig
+
+    from obsspec.training.sampler import LogprobMismatch
+
+    def without_adapter(model, prompt, completion):
+        with model.disable_adapter():
+            return logprobs_at(0.7)(model, prompt, completion)
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    for served, logprobs_of in ((False, without_adapter), (True, logprobs_at(0.7))):
+        trainer, prompts = sampler_trainer(tokenizer, tmp_path, monkeypatch, logprobs_of, correction=False,
+                                           peft_config=lora)
+        with torch.no_grad():  # a trained adapter: far from zero
+            for name, p in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.5)
+        trainer.sampler.first = {}  # past the first step
+        trainer.sampler.note_push()
+        if served:
+            trainer._generate_and_score_completions(prompts)
+            assert trainer._metrics["train"]["sampler/adapter_effect"][-1] > 0.05
+            assert trainer.sampler.adapter_checked_at == 1
+        else:
+            with pytest.raises(LogprobMismatch, match="without its LoRA"):
+                trainer._generate_and_score_completions(prompts)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -249,7 +249,7 @@ def test_resume_refuses_a_changed_recipe_and_a_missing_run(root, run, tmp_path):
 
 
 def test_dry_run_loads_nothing_and_bad_batch_shapes_are_one_line(tmp_path):
-    r = cli("train", "recipes/terminal-8b.yaml", "--dry-run")
+    r = cli("train", "recipes/terminal-8b.yaml", "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["per_step"]["episodes"] == 256 and plan["policy"]["model"] == "Qwen/Qwen3-8B"
@@ -420,3 +420,31 @@ def test_a_vllm_policy_server_gets_each_steps_lora_and_rollouts_stay_on_policy(r
     assert max(checked[3][1]["base"], checked[2][1]["base"]) > 1e-2, "the updates changed nothing"
     rows = metrics(tmp_path / "vllm")
     assert [r["policy/version"] for r in rows] == [1, 2, 3]
+
+
+def test_paired_steps_measure_speculation_on_the_same_seeds(root, run, tmp_path):
+    """train.measure_speculation: every step's episodes run speculatively and sequentially on the
+    same seeds, both written to the step's folder; the speculative pass trains (the same tokens
+    as the plain run's), the measured reductions reach metrics.jsonl, the step line and the
+    summary (with an interval over the steps), and the batch-invariant passes are token-identical."""
+    out = tmp_path / "paired"
+    r = cli("train", *common(root), "train.steps=2", "train.measure_speculation=true", "train.cotrain_every=0",
+            "--out", str(out), "--display", "plain")
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = metrics(out)
+    for m in rows:
+        for key in ("paired/rollout_reduction", "paired/seq_sec", "paired/spec_sec", "paired/episodes_differing"):
+            assert m.get(key) is not None, key
+        assert m["paired/episodes_differing"] == 0 and m["paired/tokens_differing"] == 0, \
+            "batch-invariant passes of the same seeds must be token-identical"
+    for step in (1, 2):
+        folder = out / "rollouts" / f"step-{step:06d}"
+        assert {p.name for p in folder.iterdir()} >= {"trajectories-sequential.jsonl", "trajectories-speculative.jsonl"}
+        assert json.loads((folder / "summary.json").read_text())["comparison"]["token_identical"]
+        spec = [json.loads(x) for x in (folder / "trajectories-speculative.jsonl").read_text().splitlines()]
+        plain = trajectories(run[0], step)
+        assert [t["ids"] for t in spec] == [t["ids"] for t in plain], "the speculative pass is not what trains"
+    summary = json.loads((out / "summary.json").read_text())
+    paired = summary["paired"]
+    assert paired["steps"] == 2 and paired["rollout_reduction"]["ci95"] is not None
+    assert "sequential (" in r.stderr + r.stdout, "the step line shows the measured figure"

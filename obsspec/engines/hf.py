@@ -3,12 +3,18 @@
 One worker thread runs the model (torch releases the GIL, so the asyncio loop stays responsive);
 `generate()` hands it a request and awaits a future it resolves via `call_soon_threadsafe`. Each
 worker iteration applies adapter commands, drops cancelled requests, admits waiting ones (prefill
-alone, sample the first token), then runs one decode step for every running request. Batched
-mode shares one left-padded cache per adapter and priority class (obsspec/engines/kv_batch.py);
-batch-invariant mode gives every request its own forward pass, so its results never depend on
-the others. Speculative (priority > 0) work is admitted and decoded only while no committed work
-runs or waits, and its rows hold no slot committed work could use. Sampling uses a per-request
-`torch.Generator`. Details and measurements: docs/ENGINES.md.
+alone, sample the first token), then runs one decode step for every running request. Sampling
+uses a per-request `torch.Generator`. Details and measurements: docs/ENGINES.md.
+
+Two modes, and what speculative (priority > 0) work costs in each:
+- batched: one left-padded cache per adapter (obsspec/engines/kv_batch.py); speculative rows
+  *ride* in the committed rows' decode pass while there is room (`max_batch_size` rows in all),
+  where a row costs the pass's marginal time, not a pass of its own. They are charged that
+  marginal time (`PassCost`: a fit of the pass time against its rows, over the recent passes).
+  A request's tokens may then depend, within float noise, on what shares its batch.
+- batch-invariant: every request has its own forward pass, so its results never depend on the
+  others; speculative work is admitted and decoded only while no committed work runs or waits,
+  and holds no slot committed work could use.
 
     engine = HFEngine(load_model("Qwen/Qwen3-0.6B"), tokenizer)
     async with engine:
@@ -63,6 +69,31 @@ class EngineStats:
     cancelled: int = 0
     # decode steps each recently finished request took part in (bounded, newest last)
     steps_by_request: OrderedDict[str, int] = field(default_factory=OrderedDict)
+
+
+class PassCost:
+    """What a row adds to a batched decode pass: the slope of pass time against rows, fitted by
+    least squares over the recent passes (exponentially weighted, so it follows the cache
+    lengths). Until the passes seen vary in size it knows no slope, and the linear share
+    (every row costs pass / rows) stands in: an upper bound on a pass with fixed overheads."""
+
+    def __init__(self, decay: float = 0.98):
+        self.decay = decay
+        self.w = self.n = self.t = self.nn = self.nt = 0.0
+
+    def add(self, rows: int, seconds: float) -> None:
+        d = self.decay
+        self.w, self.n, self.t = d * self.w + 1, d * self.n + rows, d * self.t + seconds
+        self.nn, self.nt = d * self.nn + rows * rows, d * self.nt + rows * seconds
+
+    def marginal(self, rows: int, seconds: float) -> float:
+        """Seconds one row adds to a pass of `rows` rows that took `seconds`."""
+        linear = seconds / rows
+        var = self.nn / self.w - (self.n / self.w) ** 2 if self.w else 0.0
+        if var < 0.25:  # (fewer than two sizes seen, in effect)
+            return linear
+        slope = (self.nt / self.w - (self.n / self.w) * (self.t / self.w)) / var
+        return min(linear, max(0.0, slope))
 
 
 # --------------------------------------------------------------------------------------------
@@ -172,6 +203,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         self.stats = EngineStats()
+        self.pass_cost = PassCost()  # (batched mode: what a riding speculative row costs a pass)
         # Replaced (never mutated) by the worker, so a reader always gets a consistent snapshot.
         self._scheduling = SchedulingStats()
         self._cond = threading.Condition()
@@ -295,7 +327,6 @@ class HFEngine:
                 self._run_commands()
                 with torch.inference_mode():
                     self._drop_cancelled()
-                    self._move_promoted()
                     self._admit()
                     self._decode()
             except Exception as exc:  # a bug of ours: fail what is in flight, never hang it
@@ -338,10 +369,11 @@ class HFEngine:
 
     def _admit(self) -> None:
         """Committed requests first, in arrival order, while fewer than `max_batch_size`
-        committed rows run (speculative rows hold no slot of theirs); speculative ones only when
-        no committed work runs or could start, while fewer than `max_batch_size` rows run. So
-        at most 2 x max_batch_size rows are ever held: the speculative ones paused, costing
-        memory, not compute."""
+        committed rows run (speculative rows hold no slot of theirs). Speculative ones: in
+        batched mode while fewer than `max_batch_size` rows run in all (they ride in the
+        committed rows' passes); in batch-invariant mode only when no committed work runs or
+        could start. So at most 2 x max_batch_size rows are ever held: the speculative ones
+        paused, costing memory, not compute."""
         with self._cond:
             blocked = {c.name for c in self._commands}
         rows = [r for b in self._batches for r in b.rows]
@@ -357,17 +389,21 @@ class HFEngine:
                     committed += 1
         finally:
             self._waiting.extendleft(reversed(held))
-        if committed or any(not r.low and r.request.adapter not in blocked for r in self._waiting):
-            return
+        if self.batch_invariant:
+            if committed or any(not r.low and r.request.adapter not in blocked for r in self._waiting):
+                return
+            room = self.max_batch_size - speculative
+        else:
+            room = self.max_batch_size - committed - speculative
         held = []
         try:
             while self._waiting:
                 r = self._waiting.popleft()
-                if (not r.low or r.request.adapter in blocked or speculative >= self.max_batch_size
-                        or self._committed_arrived()):
+                if (not r.low or r.request.adapter in blocked or room <= 0
+                        or (self.batch_invariant and self._committed_arrived())):
                     held.append(r)
                 elif self._start(r):
-                    speculative += 1
+                    room -= 1
         finally:
             self._waiting.extendleft(reversed(held))
 
@@ -430,9 +466,9 @@ class HFEngine:
 
     def _batch_for(self, r: _Running) -> DecodeBatch:
         adapter, priority = r.request.adapter, int(r.low)
-        if not self.batch_invariant:
+        if not self.batch_invariant:  # one batch per adapter: speculative rows ride in it
             for batch in self._batches:
-                if batch.adapter == adapter and batch.priority == priority:
+                if batch.adapter == adapter:
                     return batch
         batch = DecodeBatch(adapter, priority)
         self._batches.append(batch)
@@ -441,33 +477,23 @@ class HFEngine:
 
     def _sort_batches(self) -> None:
         # Committed batches first; grouped by adapter so that consecutive forward passes rarely
-        # switch adapters.
-        self._batches.sort(key=lambda b: (b.priority, b.adapter is not None, b.adapter or ""))
+        # switch adapters. (A promoted row is committed work from its next pass on: `low` reads
+        # `committed_since`, which `promote` sets; its batch needs no move.)
+        self._batches.sort(key=lambda b: (_speculative_only(b), b.adapter is not None, b.adapter or ""))
 
-    def _move_promoted(self) -> None:
-        """Promoted rows become committed work. A batch-invariant batch (one row) changes class;
-        in batched mode a promoted row leaves its speculative batch, with its cache, for a
-        committed batch of its adapter."""
-        for batch in [b for b in self._batches if b.priority > 0]:
-            promoted = [i for i, r in enumerate(batch.rows) if not r.low]
-            if promoted and self.batch_invariant:
-                batch.priority = 0
-                continue
-            for i in reversed(promoted):
-                row, cache, mask = batch.take(i)
-                self._batch_for(row).add(row, cache, mask)
-        self._batches = [b for b in self._batches if b.rows]
-        self._sort_batches()
-
-    def _charge(self, rows: int, speculative: list[_Running], t0: float, t1: float) -> None:
+    def _charge(self, rows: int, speculative: list[_Running], t0: float, t1: float,
+                row_cost: float | None = None) -> None:
         """Account one forward pass of `rows` rows, `speculative` of them low-priority when it
-        started. Their share of the pass (all of it, unless a batched pass mixes classes: the
-        linear-share approximation) is speculative compute, and it delayed every committed
+        started. Their part of the pass is speculative compute, and it delayed every committed
         request waiting or running meanwhile, one that arrived during the pass from its arrival
-        (a pass in flight cannot be interrupted)."""
+        (a pass in flight cannot be interrupted). Their part: all of a pass of theirs alone; in
+        a pass they ride in, `row_cost` seconds each (the marginal time of a row)."""
         if not speculative:
             return
-        share = len(speculative) / rows
+        if row_cost is None or len(speculative) == rows:
+            share = len(speculative) / rows
+        else:
+            share = min(1.0, len(speculative) * row_cost / max(t1 - t0, 1e-9))
         with self._cond:
             arrived = list(self._inbox)
         for r in (*arrived, *self._waiting, *(r for b in self._batches for r in b.rows)):
@@ -482,7 +508,7 @@ class HFEngine:
         for batch in self._batches:
             if not batch.rows:  # a request failed while joining a new batch
                 continue
-            if batch.priority > 0 and self._committed_work():
+            if _speculative_only(batch) and self._committed_work():
                 continue  # speculative rows wait, holding only memory, while committed work runs
             proposals = [self._proposal(r) for r in batch.rows] if self.prompt_lookup else None
             if proposals is not None and not any(proposals):
@@ -495,7 +521,11 @@ class HFEngine:
                     batch.forward_proposed(self.model, proposals)
                 t1 = time.perf_counter()
                 self.stats.decode_sec += t1 - t0
-                self._charge(len(batch.rows), speculative, t0, t1)
+                row_cost = None
+                if not self.batch_invariant:
+                    row_cost = self.pass_cost.marginal(len(batch.rows), t1 - t0)
+                    self.pass_cost.add(len(batch.rows), t1 - t0)
+                self._charge(len(batch.rows), speculative, t0, t1, row_cost)
             except Exception as exc:  # the shared forward pass failed: fail all its requests
                 for r in batch.rows:
                     self._fail(r, exc)
@@ -641,6 +671,10 @@ class HFEngine:
         self._fail_running(error)
         for command in commands:
             _resolve_soon(command.loop, command.future, None, error)
+
+
+def _speculative_only(batch: DecodeBatch) -> bool:
+    return all(r.low for r in batch.rows)
 
 
 def fast_engine(model, tokenizer, **hf_options) -> HFEngine:

@@ -62,7 +62,8 @@ class ServerError(RuntimeError):
 
 @dataclass(frozen=True)
 class ServersConfig:
-    """Recipe section `servers:`: vLLM servers that obsspec starts itself."""
+    """Recipe section `servers:`: the vLLM servers (obsspec starts them with `launch`) and the
+    node's GPU layout, which obsspec/training/plan.py checks before anything loads."""
 
     launch: bool = doc(False, "obsspec rollout/train start the vLLM servers of the sections on "
                               "engine vllm (on server_url's port, which must be this machine's), "
@@ -78,12 +79,19 @@ class ServersConfig:
                                "e.g. '0,1'; several: tensor parallel over them); '' = all it sees.")
     world_model_gpus: str = doc("", "GPU servers: the world model's server's GPUs, e.g. '2' (its own "
                                     "resources, as in the published layout); '' = all it sees.")
+    trainer_gpus: str = doc("", "GPU layout: the trainer's GPUs, one process each in rank order, e.g. "
+                                "'0,1' (launch as many processes with CUDA_VISIBLE_DEVICES=0,1); '' = GPUs "
+                                "0..N-1 for N processes. `obsspec train RECIPE --dry-run` checks the layout.")
+    cotrain_gpu: str = doc("", "GPU layout: the GPU of the world model's co-training worker, e.g. '7'; "
+                               "'' = the trainer main process's GPU.")
 
     def __post_init__(self) -> None:
         if self.start_timeout_s <= 0 or self.cpu_kv_cache_gb < 1 or not 0 <= self.gpu_memory_utilization < 1:
             raise ValueError("servers.start_timeout_s must be > 0, servers.cpu_kv_cache_gb >= 1 and "
                              "servers.gpu_memory_utilization in [0, 1)")
-        for key in ("policy_gpus", "world_model_gpus"):
+        if not re.fullmatch(r"\d*", self.cotrain_gpu):
+            raise ValueError(f"servers.cotrain_gpu must be one GPU index like '7', not {self.cotrain_gpu!r}")
+        for key in ("policy_gpus", "world_model_gpus", "trainer_gpus"):
             if not re.fullmatch(r"(\d+(,\d+)*)?", getattr(self, key)):
                 raise ValueError(f"servers.{key} must be GPU indices like '0' or '0,1', not {getattr(self, key)!r}")
 

@@ -46,7 +46,9 @@ HARNESS_TMPFS_MB = 16  # the state dir and /logs: small files of ours (shell sta
 SHM_MB = 64
 ROOT_TMPFS_MB = 4
 
-_cpus = itertools.count()
+# (from this process's PID: every sandbox host of a node is a process of its own, and each must
+# not start at the same CPU)
+_cpus = itertools.count(os.getpid())
 
 
 def script(name: str) -> str:

@@ -60,8 +60,35 @@ def task_environment(task: Task) -> podman.Environment | None:
                               internet=bool(r.get("internet", False)))
 
 
+def open_sandbox(config: SandboxConfig, workdir: str = "/app", environment: podman.Environment | None = None):
+    """A sandbox where the recipe places it: here (`Sandbox`) or on a Ray worker (`RaySandbox`:
+    the same methods, results and errors)."""
+    if config.placement == "ray":
+        from obsspec.env.ray_sandbox import RaySandbox
+
+        return RaySandbox(config, workdir=workdir, environment=environment)
+    return Sandbox(config, workdir=workdir, environment=environment)
+
+
+async def preflight(config: SandboxConfig) -> None:
+    """Fail fast, with one clear line, when sandboxes cannot start on this machine at all (with
+    placement=ray: on a worker of the cluster, whose node the line names)."""
+    sandbox = open_sandbox(config)
+    try:
+        await sandbox.start()
+        await sandbox.run("true")
+    except SandboxUnavailable:
+        raise
+    except SandboxError as e:
+        what = "a podman container" if config.backend == "podman" else "a bubblewrap sandbox"
+        where = "on the Ray cluster" if config.placement == "ray" else "here"
+        raise SandboxUnavailable(f"cannot start {what} {where}: {e}") from None
+    finally:
+        await sandbox.close()
+
+
 async def start_sandbox(task: Task, config: SandboxConfig) -> Sandbox:
-    sandbox = Sandbox(config, workdir=task.workdir, environment=task_environment(task))
+    sandbox = open_sandbox(config, task.workdir, task_environment(task))
     try:
         await sandbox.start(files=task.files, setup=task.setup)
     except BaseException:

@@ -44,7 +44,8 @@ import warnings
 from dataclasses import dataclass
 
 from obsspec.env import bwrap, images, podman
-from obsspec.fields import doc
+from obsspec.env.placement import PLACEMENTS, RayPlacement
+from obsspec.fields import doc, to_dict
 from obsspec.chat import capture_bytes_for
 from obsspec.env.task import check_workdir
 
@@ -106,12 +107,22 @@ class SandboxConfig:
     hostname: str = doc("sandbox", "Hostname inside the sandbox.")
     workspace_root: str = doc("", "Host directory for workspaces with isolation=none only "
                                    "('' = the system temp dir).")
+    placement: str = doc("local", "Where sandboxes run: 'local' (this machine) or 'ray' (workers of the "
+                                  "Ray cluster sandbox.ray names, each with the CPUs and memory its task "
+                                  "asks for; docs/TRAINING.md, \"Sandboxes on other machines\").")
+    ray: RayPlacement = doc(RayPlacement(), "With placement=ray: the cluster, each sandbox's reservation "
+                                            "and the retries of episodes whose worker was lost.")
 
     def __post_init__(self) -> None:
         if self.isolation not in ("bwrap", "none"):
             raise ValueError(f"sandbox.isolation must be 'bwrap' or 'none', not {self.isolation!r}")
         if self.backend not in ("bwrap", "podman"):
             raise ValueError(f"sandbox.backend must be 'bwrap' or 'podman', not {self.backend!r}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"sandbox.placement must be 'local' or 'ray', not {self.placement!r}")
+        if self.placement == "ray" and self.isolation == "none":
+            raise ValueError("sandbox.isolation=none runs commands on this host: it cannot go with "
+                             "sandbox.placement=ray (set one or the other)")
         if self.backend == "podman" and self.isolation == "none":
             raise ValueError("sandbox.backend=podman runs containers: it cannot go with "
                              "sandbox.isolation=none (set one or the other)")
@@ -150,21 +161,13 @@ class ExecResult:
     """Wall-clock time of the command, as the agent waited for it."""
     timeout_s: float = 0.0
     """The time limit it ran under."""
+    hop_s: float = 0.0
+    """Of `seconds`, what reaching a sandbox on another machine added (0 for a local one)."""
 
 
-async def preflight(config: SandboxConfig) -> None:
-    """Fail fast, with one clear line, when sandboxes cannot start on this machine at all."""
-    sandbox = Sandbox(config)
-    try:
-        await sandbox.start()
-        await sandbox.run("true")
-    except SandboxUnavailable:
-        raise
-    except SandboxError as e:
-        what = "a podman container" if config.backend == "podman" else "a bubblewrap sandbox"
-        raise SandboxUnavailable(f"cannot start {what} here: {e}") from None
-    finally:
-        await sandbox.close()
+def output_settings(config: SandboxConfig) -> dict:
+    """The settings that decide what a sandbox prints (where it runs does not): for cache keys."""
+    return {k: v for k, v in to_dict(config).items() if k not in ("placement", "ray")}
 
 
 def check_bwrap() -> str:
@@ -198,6 +201,11 @@ class Sandbox:
         self._supervisor_pid = 0
         self._uid: bwrap.HostUid | None = None
         self._lock = asyncio.Lock()
+
+    @property
+    def supervisor_pid(self) -> int:
+        """Host PID of the sandbox's PID 1 (0 before start, or when not known)."""
+        return self._supervisor_pid
 
     # -- life cycle -------------------------------------------------------------------------------
     async def start(self, files: dict[str, str] | None = None, setup: str = "") -> None:

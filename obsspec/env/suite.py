@@ -24,9 +24,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from obsspec.env.episode import EpisodeRecord, run_scripted
+from obsspec.env.episode import EpisodeRecord, preflight, run_scripted
 from obsspec.env.families import all_families
-from obsspec.env.sandbox import SandboxConfig, preflight
+from obsspec.env.sandbox import SandboxConfig, output_settings
 from obsspec.env.task import Task
 from obsspec.fields import doc, to_dict
 from obsspec.progress import Display
@@ -205,7 +205,7 @@ async def validate_all(tasks: list[Task], config: SandboxConfig, workers: int, d
 
 
 def _checkpoint_key(task: Task, config: SandboxConfig, determinism: bool) -> str:
-    blob = json.dumps([task.to_dict(), to_dict(config), determinism], sort_keys=True)
+    blob = json.dumps([task.to_dict(), output_settings(config), determinism], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -48,7 +48,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from obsspec.env.sandbox import SandboxConfig
+from obsspec.env.sandbox import SandboxConfig, output_settings
 from obsspec.jsonl import read_jsonl, write_json, write_jsonl
 from obsspec.models.config import KitConfig
 from obsspec.rollout.scheduler import Sampling
@@ -110,7 +110,7 @@ def _key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampl
     corpus = {name: _sha256(os.path.join(tasks_dir, name))
               for name in ((TRAJECTORIES, TRAIN_TASKS) if cfg.rollouts else (TRAJECTORIES,))}
     # The policy's rollouts depend on how it samples and on the sandbox it runs in.
-    rollouts = {"sandbox": dataclasses.asdict(sandbox), "sampling": dataclasses.asdict(sampling)} \
+    rollouts = {"sandbox": output_settings(sandbox), "sampling": dataclasses.asdict(sampling)} \
         if cfg.rollouts else None
     config = dataclasses.asdict(cfg)
     del config["bases"]  # where to find pretrained bases, not what a kit is built from
@@ -126,7 +126,7 @@ def _key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampl
         key["hint_tokens"] = hint_tokens
         key["snapshot_format"] = SNAPSHOT_FORMAT
     if snapshot_tokens or hint_tokens or cfg.world_model_tasks or cfg.policy_tasks or cfg.mistakes:  # these run the suite's tasks in sandboxes
-        key["sandbox"] = dataclasses.asdict(sandbox)
+        key["sandbox"] = output_settings(sandbox)
         key["tasks"] = {name: _sha256(os.path.join(tasks_dir, name)) for name in (TRAIN_TASKS, VAL_TASKS)
                         if os.path.exists(os.path.join(tasks_dir, name))}
     return key

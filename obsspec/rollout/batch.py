@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from obsspec.env.sandbox import SandboxConfig
+from obsspec.env.sandbox import SandboxConfig, SandboxUnavailable
 from obsspec.env.task import Task
 from obsspec.progress import Display, NullDisplay
 from obsspec.rollout.events import Event, EventBus, JsonlTrace
@@ -61,6 +62,7 @@ async def run_episodes(policy, fmt, tasks: list[Task], make_tool, sampling: Samp
     or `concurrency` at a time; `predictor` only serves a speculative batch. `listeners` get every
     event; `live` shows the batch as it runs; `out_dir` (existing) receives the run files."""
     mode = mode_name(speculative)
+    allow_open_files(concurrency or len(tasks))
     bus, metrics = EventBus(), SpecMetrics()
     bus.subscribe(metrics)
     trace = None
@@ -87,6 +89,27 @@ async def run_episodes(policy, fmt, tasks: list[Task], make_tool, sampling: Samp
     if out_dir:
         write_trajectories(out_dir, mode, trajectories)
     return Batch(trajectories, metrics, mode)
+
+
+# What one episode in flight holds open here: its sandbox's three pipes and uid lock, the
+# engine's connections, with room to spare (256 episodes held 2,566 at once in bench/scale.py).
+FILES_PER_EPISODE = 16
+
+
+def allow_open_files(episodes: int) -> None:
+    """Raise this process's open-file limit to what `episodes` at once need (up to the hard
+    limit: many systems start processes at 1,024, which ~100 episodes exhaust, and every
+    episode after that failed with "Too many open files"). One line when it cannot."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 256 + FILES_PER_EPISODE * episodes
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    want = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    if want < need:
+        raise SandboxUnavailable(f"{episodes} episodes at once need about {need} open files, and this process "
+                                 f"may open {hard} (its hard limit, `ulimit -Hn`): raise it, or set "
+                                 "rollout.concurrency lower")
 
 
 async def rollout_tasks(engine, fmt, tasks: list[Task], sandbox: SandboxConfig, sampling: Sampling, *,

@@ -8,7 +8,11 @@ Kinds (data fields in brackets):
     policy_start [request_id, speculative], policy_done [request_id, tokens, speculative]
     action [parsed, form]                   a committed turn parsed: bash | done | error, and
                                             the call's form xml | json ("" for none)
-    exec_start [command], exec_done [seconds, exit_code]
+    exec_start [command], exec_done [seconds, exit_code, hop_sec]
+                                            hop_sec: of the tool's seconds, the hop to a
+                                            sandbox on another machine (0 for a local one)
+    episode_retry [attempt, infra_error]    the episode's sandbox was lost (its Ray worker
+                                            died): it runs again from its start
     wm_start [request_id], wm_draft [request_id, drafts, tokens]
     spec_start [request_id, draft]          a speculative policy generation begins
     match [request_id, pending]             the draft equals the real observation: kept

@@ -29,6 +29,11 @@
 - spec/unusable_frac            arrivals with only unusable drafts / arrivals before the tool
 - spec/wm_sec_mean, tool_sec_mean, spec/wm_tool_ratio
                                 mean draft time (start -> drafts), mean tool time, their ratio
+- tool_hop_sec_mean, tool_hop_frac
+                                with sandbox.placement ray: the mean time a command spent on the
+                                hop to its sandbox's worker (round trip minus the sandbox's own
+                                time) and its share of the tool time; None with local sandboxes
+- infra_retried                 episodes run again because their sandbox's worker was lost
 - spec/overlap_sec              speculative policy time that ran while the tool was running
 - spec/block_sec                time a committed speculative generation was still running
                                 after the tool finished (the turn waited on it)
@@ -114,6 +119,7 @@ class SpecMetrics:
         self.matches_by_source = Counter()
         self.wm_sec: list[float] = []
         self.tool_sec: list[float] = []
+        self.hop_sec: list[float] = []        # one per command run on a remote sandbox
         self._wm_started: dict[str, float] = {}
         self.overlap_sec = 0.0
         self.block_sec = 0.0
@@ -162,6 +168,8 @@ class SpecMetrics:
         elif e.kind == "exec_done":
             self._exec_done[(e.episode, e.turn)] = e.t
             self.tool_sec.append(d["seconds"])
+            if d.get("hop_sec"):
+                self.hop_sec.append(d["hop_sec"])
         elif e.kind == "spec_start":
             self._spec_started[d["request_id"]] = (e.t, e.episode, e.turn - 1)
         elif e.kind == "policy_done" and d.get("speculative"):
@@ -248,6 +256,7 @@ class SpecMetrics:
             "latency_mean_sec": statistics.fmean(lat) if lat else None,
             "reward_mean": statistics.fmean(rewards) if rewards else None,
             "infra_failures": sum(1 for r in self.rewards.values() if r is None),
+            "infra_retried": c["episode_retry"],
             "spec/exact_frac": c["match"] / in_time if in_time else None,
             **self._by_source(),
             "spec/exec_won_frac": c["exec_won"] / wm if wm else None,
@@ -265,6 +274,8 @@ class SpecMetrics:
             "spec/unusable_frac": self.arrived_unusable / in_time if in_time else None,
             "spec/no_draft": max(0, c["wm_draft"] - in_time),
             "spec/wm_sec_mean": wm_mean, "tool_sec_mean": tool_mean,
+            "tool_hop_sec_mean": statistics.fmean(self.hop_sec) if self.hop_sec else None,
+            "tool_hop_frac": sum(self.hop_sec) / sum(self.tool_sec) if self.hop_sec and sum(self.tool_sec) else None,
             "spec/wm_tool_ratio": tool_mean / wm_mean if wm_mean and tool_mean is not None else None,
             "spec/overlap_sec": self.overlap_sec, "spec/block_sec": self.block_sec,
             "latency_saved_sec": self.overlap_sec,

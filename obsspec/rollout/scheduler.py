@@ -245,7 +245,8 @@ class Scheduler:
         # the tool call's own timeout reaches the sandbox (which clamps it to its limit)
         result = await tool.run(action.command, turn, timeout=action.timeout)
         self.gate.observe_tool(program_class(action.command), result.seconds)
-        self.bus.emit("exec_done", episode, turn, seconds=result.seconds, exit_code=result.exit_code)
+        self.bus.emit("exec_done", episode, turn, seconds=result.seconds, exit_code=result.exit_code,
+                      hop_sec=result.hop)
         return result
 
     async def _speculate(self, scope: EpisodeScope, branch: asyncio.Task, tool: Tool, action: chat.Action,
@@ -442,13 +443,22 @@ class Scheduler:
     async def run_batch(self, tasks: list[Task], make_tool, speculative: bool,
                         concurrency: int = 0, first_episode: int = 0) -> list[Trajectory]:
         """Episodes `first_episode + i` for tasks[i], all at once (or `concurrency` at a time).
-        A bug in one episode (or a cancellation from outside) stops all of them, each cleaned up."""
+        A bug in one episode (or a cancellation from outside) stops all of them, each cleaned up;
+        an episode whose sandbox was lost (a Ray worker died) runs again if its tool says so."""
         gate = asyncio.Semaphore(concurrency or len(tasks) or 1)
 
         async def one(i: int, task: Task) -> Trajectory:
             async with gate:
                 episode = first_episode + i
-                return await self.run_episode(task, episode, make_tool(task, episode), speculative)
+                for attempt in itertools.count(1):
+                    tool = make_tool(task, episode)
+                    traj = await self.run_episode(task, episode, tool, speculative)
+                    # an episode whose sandbox's machine went away runs again from its start, with
+                    # the same seeds (so the same tokens), as often as its tool allows
+                    if not (traj.infra_error and getattr(tool, "lost", False)
+                            and attempt <= getattr(tool, "retries", 0)):
+                        return traj
+                    self.bus.emit("episode_retry", episode, 0, attempt=attempt, infra_error=traj.infra_error)
 
         runs = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(tasks)]
         try:

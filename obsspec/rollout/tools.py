@@ -6,6 +6,9 @@
 `EmulatedLatency` adds a seeded delay per (episode, turn) on top of what the sandbox really
 takes, to stand in for a remote sandbox; every table and plot labels it as emulated.
 `ReplayTool` answers from a recorded trajectory with its recorded latencies and never executes.
+With `sandbox.placement: ray` the sandbox runs on a Ray worker (obsspec/env/ray_sandbox.py):
+each result then says what the hop there cost (`hop`), and a tool whose worker was lost says so
+(`lost`), so that the scheduler can run its episode again (`retries`, sandbox.ray.retries).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Protocol
 
 from obsspec.fields import doc
 from obsspec.env.episode import observation, start_sandbox, verify_task
-from obsspec.env.sandbox import Sandbox, SandboxConfig
+from obsspec.env.ray_sandbox import SandboxLost
+from obsspec.env.sandbox import Sandbox, SandboxConfig, SandboxError
 from obsspec.env.task import Task
 
 
@@ -48,9 +52,12 @@ class ToolResult:
     body: str        # the observation body, exactly as the agent sees it
     exit_code: int
     seconds: float   # real + emulated
+    hop: float = 0.0  # of `seconds`, what reaching a sandbox on another machine took
 
 
 class Tool(Protocol):
+    # optional: `lost` (its sandbox's machine went away) and `retries` (how often its episode may
+    # then run again); a tool without them is never retried
     async def start(self) -> None: ...
     async def run(self, command: str, turn: int, timeout: float | None = None) -> ToolResult:
         """`timeout`: the tool call's own limit in seconds (None: the configured one)."""
@@ -62,19 +69,29 @@ class SandboxTool:
     def __init__(self, task: Task, episode: int, config: SandboxConfig, latency: EmulatedLatency):
         self.task, self.episode, self.config, self.latency = task, episode, config, latency
         self.sandbox: Sandbox | None = None
+        self.lost = False
+        self.retries = config.ray.retries if config.placement == "ray" else 0
 
     async def start(self) -> None:
-        self.sandbox = await start_sandbox(self.task, self.config)
+        self.sandbox = await self._watch(start_sandbox(self.task, self.config))
 
     async def run(self, command: str, turn: int, timeout: float | None = None) -> ToolResult:
-        result = await self.sandbox.run(command, timeout_s=timeout)  # clamped to config.timeout_s
+        # (the timeout is clamped to config.timeout_s by the sandbox)
+        result = await self._watch(self.sandbox.run(command, timeout_s=timeout))
         extra = self.latency.sample(self.episode, turn)
         if extra:
             await asyncio.sleep(extra)
-        return ToolResult(observation(result, self.config), result.exit_code, result.seconds + extra)
+        return ToolResult(observation(result, self.config), result.exit_code, result.seconds + extra, result.hop_s)
 
     async def reward(self) -> float | None:
-        return await verify_task(self.sandbox, self.task)
+        return await self._watch(verify_task(self.sandbox, self.task))
+
+    async def _watch(self, call):
+        try:
+            return await call
+        except SandboxError as e:
+            self.lost = self.lost or isinstance(e, SandboxLost)
+            raise
 
     async def close(self) -> None:
         if self.sandbox is not None:

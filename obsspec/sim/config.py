@@ -4,8 +4,9 @@
 
 Frozen dataclasses, each field documented once (`doc`); `key=value` overrides are dot-paths with
 YAML scalars as values, unknown keys and bad values raise `SimError` (one line, exit code 2 in the
-CLI). Defaults are the `h100-8b` preset (obsspec/sim/presets.py): an 8B policy on one H100-class
-GPU, speeds assumed from public vLLM figures: a starting point to override, not a measurement.
+CLI). Defaults: an 8B policy on one H100-class GPU with room for the whole batch, speeds assumed
+from public vLLM figures (the `h100-8b` preset's, obsspec/sim/presets.py, which also bounds the
+batch by the plan's KV cache): a starting point to override, not a measurement.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class EngineSpec:
                                      "equal = a processor-sharing engine like the hf batch-invariant mode).")
     max_batch: int = doc(256, "Requests decoded at once; the rest wait in line.")
     spec_priority: str = doc("equal", "low: speculative requests run only when no committed request "
-                                    "does (obsspec's hf engine); equal: they share the batch (vLLM FCFS).")
+                                    "does (obsspec's hf engine); equal: they share the batch (vLLM FCFS); "
+                                    "priority: committed requests are admitted first, and all admitted "
+                                    "share the batch (vLLM --scheduling-policy priority).")
     prefill_tok_s: float = doc(0.0, "Prompt tokens/s of a prefill that runs alone and uninterrupted "
                                     "on admission, as obsspec's hf engine prefills (0 = free: its cost "
                                     "folded into the decode speed, as for vLLM's chunked prefill).")
@@ -59,8 +62,8 @@ class EngineSpec:
                            f"(got {self.single_tok_s}, {self.peak_tok_s})")
         if self.max_batch < 1:
             raise SimError("engine.max_batch must be >= 1")
-        if self.spec_priority not in ("low", "equal"):
-            raise SimError("engine.spec_priority must be low or equal")
+        if self.spec_priority not in ("low", "equal", "priority"):
+            raise SimError("engine.spec_priority must be low, equal or priority")
         if self.prefill_tok_s < 0 or self.prefill_overhead_s < 0:
             raise SimError("engine.prefill_tok_s and engine.prefill_overhead_s must be >= 0")
 

@@ -10,6 +10,10 @@ Priority follows obsspec's hf engine (obsspec/engines/hf.py, `_admit` and `_deco
 `spec_priority=low`: a speculative request is admitted only while no committed request runs or
 waits, and once admitted it decodes only while no committed request decodes; promotion makes it
 committed work in its place in line. With `spec_priority=equal` (vLLM FCFS) all requests share.
+With `spec_priority=priority` (vLLM's `--scheduling-policy priority`, which the GPU recipes run) the
+line is ordered by priority, committed requests first, and admitted requests share the decode
+steps; vLLM also preempts a lower-priority running request when a running one needs KV blocks,
+which is not modelled.
 
 Prefill (`EngineSpec.prefill_tok_s` > 0) is the hf engine's: each admitted request's prompt is
 prefilled alone, in one forward pass that nothing interrupts, while every other request waits.
@@ -93,7 +97,10 @@ class FluidEngine:
             return
         held_back = self.spec.spec_priority == "low" and self._urgent()
         room = self.spec.max_batch - len(self.decoding)
-        for r in list(self.waiting):
+        line = self.waiting
+        if self.spec.spec_priority == "priority":
+            line = sorted(self.waiting, key=lambda r: (r.priority, r.seq))
+        for r in list(line):
             if room <= 0:
                 break
             if held_back and r.priority > 0:

@@ -46,8 +46,22 @@ class TrainConfig:
     policy_lora_targets: tuple[str, ...] = doc(
         ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
         "Modules of the policy that get LoRA layers (names vLLM's LoRA support serves).")
+    importance_correction: str = doc("auto", "Weight each policy token's advantage by the truncated "
+                                             "importance ratio min(exp(trainer - sampler logprob), "
+                                             "importance_cap), correcting what the rollouts' sampler did "
+                                             "differently from the trainer (a vLLM server's kernels, dtype): "
+                                             "on, off, or auto (on when policy.engine is vllm; the hf engine "
+                                             "samples from the trainer's own weights). Logs "
+                                             "sampler/logp_diff_* and sampler/weight_* every step.")
+    importance_cap: float = doc(2.0, "Upper bound of the importance weight (truncated importance sampling).")
     speculative: bool = doc(True, "Roll out with observation speculation (false: sequentially; "
                                   "the same tokens either way, only the time differs).")
+    measure_speculation: bool = doc(False, "Measure what speculation saves, not estimate it: each step's "
+                                           "episodes also run sequentially on the same seeds (in alternating "
+                                           "order from step to step), and the reduction of rollout time is "
+                                           "logged per step (paired/*) and over the run with its 95 % "
+                                           "interval. Costs a second rollout pass per step; the speculative "
+                                           "pass trains.")
     history_cache: bool = doc(True, "Before asking the world model, look the observation up in "
                                     "the history of earlier episodes (same task, same commands): "
                                     "group members and later epochs share prefixes. Verified like "
@@ -98,6 +112,11 @@ class TrainConfig:
             raise ValueError("train.epsilon must be in [0, 1) and train.epsilon_high >= 0")
         if self.loss_type not in ("dapo", "grpo", "dr_grpo", "bnpo"):
             raise ValueError("train.loss_type must be dapo, grpo, dr_grpo or bnpo")
+        if self.importance_correction not in ("auto", "on", "off"):
+            raise ValueError(f"train.importance_correction must be auto, on or off (got {self.importance_correction!r})")
+        if not self.importance_cap >= 1:
+            raise ValueError(f"train.importance_cap must be >= 1 (got {self.importance_cap}): a cap below 1 "
+                             "would shrink every token's weight, not just the outliers'")
         unknown = [name for name in self.report_to if name not in TRACKERS + ("none",)]
         if unknown or ("none" in self.report_to and len(self.report_to) > 1):
             raise ValueError(f"train.report_to must be none or any of {', '.join(TRACKERS)} "

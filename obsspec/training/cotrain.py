@@ -35,8 +35,10 @@ class Worker:
     """The co-training process, seen from the trainer: one JSON job per line on its stdin, one
     JSON reply per line on its stdout; its logs go to `log_path`."""
 
-    def __init__(self, base_path: str, log_path: str):
+    def __init__(self, base_path: str, log_path: str, gpu: str = ""):
         env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV and not k.startswith("ACCELERATE_")}
+        if gpu:  # servers.cotrain_gpu: its own GPU of the layout (obsspec/training/plan.py)
+            env["CUDA_VISIBLE_DEVICES"] = gpu
         self.log_path = log_path
         with open(log_path, "a") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "obsspec.training.cotrain", "--base", base_path],
@@ -134,7 +136,8 @@ class CoTrainer:
                "init": current.path if current is not None else self.initial}
         os.makedirs(self.work, exist_ok=True)
         if self._worker is None:
-            self._worker = Worker(self.base_path, os.path.join(self.work, "worker.log"))
+            self._worker = Worker(self.base_path, os.path.join(self.work, "worker.log"),
+                                  self.recipe.servers.cotrain_gpu)
         self._worker.submit(job)
         self._job = (step, out, time.monotonic())
 

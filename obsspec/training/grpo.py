@@ -2,6 +2,7 @@
 
     summary = run_training(recipe, out_dir, resume=False, live=make_live("rich"), display=...)
     plan = training_plan(recipe)          # --dry-run: what would run, no model loaded
+    plan, text = dry_run_plan(recipe, gpus=8, gpu_memory_gb=80)   # with the GPU plan (training/plan.py)
 
 Setup: the task suite and (for 'tiny') the model kit are built on first use; the policy is loaded
 and served by the hf engine *in place*: the engine's model is the trainer's model, so the
@@ -41,7 +42,9 @@ from obsspec.training.trackers import Trackers
 # The plan (--dry-run): recipe arithmetic only
 
 
-def training_plan(recipe: Recipe, num_processes: int = 1) -> dict:
+def training_plan(recipe: Recipe, num_processes: int = 1, node=None) -> dict:
+    """The run's arithmetic; with a `node` (obsspec/training/plan.py `Node`) also where each
+    process runs on its GPUs and what each GPU holds (PlanError when it cannot fit)."""
     t, pol, wm = recipe.train, recipe.policy, recipe.world_model
     try:
         recipe.check_training(num_processes)
@@ -77,18 +80,73 @@ def training_plan(recipe: Recipe, num_processes: int = 1) -> dict:
                      "emulated_latency": recipe.rollout.latency.kind},
         "checkpoints": {"every": t.save_steps, "keep": t.save_total_limit},
         "eval": {"val_tasks": t.eval_tasks, "group_size": t.eval_group_size},
+        "gpu": _gpu_plan(recipe, node, num_processes),
     }
+
+
+def _gpu_plan(recipe: Recipe, node, num_processes: int) -> dict | None:
+    if node is None:
+        return None
+    from obsspec.training.plan import NoPlan, gpu_plan
+
+    try:
+        return gpu_plan(recipe, node, num_processes)
+    except NoPlan as e:
+        return {"skipped": str(e)}
+
+
+def dry_run_plan(recipe: Recipe, gpus: int = 0, gpu_memory_gb: float = 0.0) -> tuple[dict, str]:
+    """`obsspec train --dry-run`: (the plan, as text). The node is `gpus` x `gpu_memory_gb` when
+    given, else this machine's GPUs; the processes are `servers.trainer_gpus`' (else WORLD_SIZE).
+    A PlanError carries the text of what was computed (`text`)."""
+    from obsspec.training.plan import Node, PlanError, detect_node, named_gpus, render
+
+    if gpus < 0 or gpu_memory_gb < 0 or bool(gpus) != bool(gpu_memory_gb):
+        raise TrainError("--gpus N and --gpu-memory-gb G go together (e.g. --gpus 8 --gpu-memory-gb 80)")
+    trainer = [x for x in recipe.servers.trainer_gpus.split(",") if x]
+    processes = len(trainer) or int(os.environ.get("WORLD_SIZE", "1"))
+    node = Node(gpus, gpu_memory_gb) if gpus else detect_node(named_gpus(recipe))
+    try:
+        plan = training_plan(recipe, processes, node)
+    except PlanError as e:
+        e.text = render(e.plan) if e.plan and e.plan["gpus"] else ""
+        raise
+    return plan, plan_text(plan, recipe, node)
+
+
+def plan_text(plan: dict, recipe: Recipe, node) -> str:
+    per, pol, wm = plan["per_step"], plan["policy"], plan["world_model"]
+    lines = [f"{recipe.name}: {plan['steps']} steps of {per['tasks']} tasks x {per['group_size']} episodes "
+             f"({per['episodes']}), {plan['processes']} process(es) x {per['episodes_per_process']} in "
+             f"micro-batches of {per['micro_batch']} ({per['accumulation']} a step)",
+             f"policy {pol['model']} on {pol['engine']} ({pol['device']}), trained: {pol['trained']}; "
+             f"up to {pol['sampling']['max_turns']} turns, {pol['sampling']['max_context']:,} tokens",
+             f"world model {wm['model']} on {wm['engine']} ({wm['device']})"
+             + (f", co-trained every {wm['cotrain_every']} step(s)" if wm["cotrain_every"] else "")]
+    if plan["gpu"] is not None and "skipped" in plan["gpu"]:
+        lines.append(plan["gpu"]["skipped"])
+    elif plan["gpu"] is not None:
+        from obsspec.training.plan import render
+
+        lines.append(render(plan["gpu"]))
+    elif pol["device"] == "cuda":
+        lines.append("GPU plan: no GPU here; plan a node with --gpus N --gpu-memory-gb G")
+    return "\n".join(lines)
 
 
 def grpo_args(t: TrainConfig, recipe: Recipe, out_dir: str, num_processes: int):
     import torch
     from trl import GRPOConfig
 
+    from obsspec.training.plan import uses_checkpointing
+
     accum = t.accumulation(num_processes)
     cuda = recipe.policy.device == "cuda" and torch.cuda.is_available()
     return GRPOConfig(
         output_dir=os.path.join(out_dir, "checkpoints"),
-        use_cpu=not cuda, bf16=cuda, fp16=False, activation_checkpointing=False,
+        use_cpu=not cuda, bf16=cuda, fp16=False,
+        # on GPUs activations dominate a trainer's memory (obsspec/training/plan.py)
+        activation_checkpointing=uses_checkpointing(recipe.policy, cuda),
         per_device_train_batch_size=min(t.micro_batch_size, t.episodes_per_step // num_processes),
         gradient_accumulation_steps=accum, steps_per_generation=accum, num_iterations=1,
         num_generations=t.group_size, max_steps=t.steps, learning_rate=t.learning_rate,
@@ -128,6 +186,7 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     # cpu=True lets a CPU run launched with torchrun / accelerate be distributed (gloo); without it
     # accelerate would see one process per launch and every process would train alone.
     state = PartialState(cpu=recipe.policy.device != "cuda" or not torch.cuda.is_available())
+    _check_gpus(recipe, state, display)  # the layout and each GPU's memory, before anything loads
     found = checkpoints.find_checkpoints(os.path.join(out_dir, "checkpoints"))
     checkpoint = found.resume_from
     # every process, before anyone writes
@@ -172,6 +231,26 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     if state.is_main_process:
         write_json(os.path.join(out_dir, "summary.json"), summary)
     return summary
+
+
+def _check_gpus(recipe: Recipe, state, display) -> None:
+    """A start on GPUs: this process on the GPU the layout gives its rank, and the plan of the
+    detected node (PlanError, on every process, when it does not fit); the main process prints it."""
+    from obsspec.training.plan import NoPlan, check_launch, detect_node, gpu_plan, named_gpus, render
+
+    if recipe.policy.device != "cuda":
+        return
+    node = detect_node(named_gpus(recipe))
+    if node is None:
+        return
+    check_launch(recipe, state.process_index, state.local_process_index, state.num_processes)
+    try:
+        lines = render(gpu_plan(recipe, node, state.num_processes)).splitlines()
+    except NoPlan as e:
+        lines = [str(e)]
+    if state.is_main_process:
+        for line in lines:
+            display.log(line)
 
 
 def log_tensorboard_to(trainer, logging_dir: str) -> None:

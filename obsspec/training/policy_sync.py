@@ -33,6 +33,7 @@ class PolicySync:
         self.work = os.path.join(out_dir, "policy", "training")
         self.synced_step: int | None = None   # the trainer step whose weights the server has
         self.last: dict = {}
+        self.pushed = lambda: None            # told of every version loaded (the trainer's sampler check)
 
     def __call__(self, trainer) -> None:
         step = trainer.state.global_step
@@ -51,6 +52,7 @@ class PolicySync:
             asyncio.run(self.engine.load_adapter(version.name, version.path))
             if old and old != version.name:
                 asyncio.run(self.engine.unload_adapter(old))
+        self.pushed()                              # (every process: the check's collectives are shared)
         self.state.wait_for_everyone()             # the others read the version the main one published
         version = self.store.latest()
         self.rollouts.policy_adapter = version.name

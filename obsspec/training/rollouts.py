@@ -27,6 +27,7 @@ summary.json), so `obsspec report` and `obsspec rollout --replay` read them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import time
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 
 from obsspec.commands import command_class
 from obsspec.env.task import Task
-from obsspec.rollout.batch import Live, run_episodes, write_summary
+from obsspec.rollout.batch import Live, mode_name, run_episodes, write_summary
 from obsspec.rollout.metrics import SpecMetrics
 from obsspec.rollout.scheduler import Sampling
 from obsspec.rollout.trajectory import Trajectory
@@ -52,6 +53,7 @@ class RolloutSettings:
     concurrency: int = 0
     busy_limit: int = 0            # rollout.busy_limit
     gate: object = None            # the speculation gate (rollout/gate.py), its estimates kept over steps
+    paired: bool = False           # train.measure_speculation: each step also runs sequentially (same seeds)
 
 
 @dataclass
@@ -71,6 +73,7 @@ class StepRollouts:
         """`metrics` from `spec` and `counts`."""
         self.metrics = self.spec.summary() if self.spec is not None else {}
         self.metrics.update(outcome_metrics_of(self.counts))
+        self.metrics.update(paired_metrics_of(self.counts))
         if "cache/lookups" in self.counts:
             lookups, hits = self.counts["cache/lookups"], self.counts["cache/hits"]
             self.metrics.update({"cache/lookups": lookups, "cache/hits": hits,
@@ -112,7 +115,6 @@ class Rollouts:
         self.sync = None              # called with the trainer before each step's rollouts
         self.before_rollouts = []     # callables run before each step's rollouts (adapter swaps)
         self.after_rollouts = []      # callables given each StepRollouts (co-training)
-        self.logprob_check: dict | None = None  # the first batch's logprobs against the trainer's
 
     # -- the rollout function --------------------------------------------------------------------
     def __call__(self, prompts: list[str], trainer) -> dict:
@@ -125,7 +127,11 @@ class Rollouts:
         unknown = sorted({p for p in prompts if p not in self.tasks})
         if unknown:
             raise KeyError(f"prompts that are not task ids of this run: {unknown[:3]}")
-        result = self.run([self.tasks[p] for p in prompts], step, first)
+        tasks = [self.tasks[p] for p in prompts]
+        if self.settings.paired and self.settings.speculative:
+            result = self.run_paired(tasks, step, first)
+        else:
+            result = self.run(tasks, step, first)
         if getattr(getattr(trainer, "accelerator", None), "num_processes", 1) > 1:
             # every process rolled out its share: the step's metrics are those of all of them
             # (rank 0 alone would hide, among others, the other ranks' infra failures)
@@ -138,29 +144,54 @@ class Rollouts:
             self.last = merged
         for hook in self.after_rollouts:
             hook(result)
-        rows = self.rows(result.trajectories)
-        if self.logprob_check is None:  # the first batch of this run (also after a resume)
-            from obsspec.training.logprob_check import check_rows
+        return self.rows(result.trajectories)
 
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            self.logprob_check = check_rows(model, rows, self.settings.sampling.temperature,
-                                            "hf" if self.sync is None else "vllm")
-        return rows
+    def run_paired(self, tasks: list[Task], step: int, first_episode: int) -> StepRollouts:
+        """The step's episodes twice, on the same seeds: speculatively (these train) and
+        sequentially (a measurement), in alternating order from step to step so that a drift of
+        the machine falls on both alike; both are written to the step's folder. The sequential
+        pass never reaches the predictor, so it feeds no cache the speculative pass reads."""
+        from obsspec.rollout_run import compare
+
+        out = self._step_dir(step)
+        sequential = dataclasses.replace(self.settings, speculative=False)
+        order = (sequential, self.settings) if step % 2 else (self.settings, sequential)
+        runs = {s.speculative: self.run(tasks, step, first_episode, settings=s, out=out, fresh=False, label="",
+                                        title=f"step {step} rollouts ({mode_name(s.speculative)}, paired)")
+                for s in order}
+        spec, seq = runs[True], runs[False]
+        c = compare(seq.trajectories, spec.trajectories)
+        spec.counts.update({
+            "paired/steps": 1, "paired/seq_sec": seq.sec, "paired/spec_sec": spec.sec,
+            "paired/compared": c["episodes_compared_for_latency"],
+            "paired/seq_latency": (c["latency_mean_sequential_sec"] or 0) * c["episodes_compared_for_latency"],
+            "paired/spec_latency": (c["latency_mean_speculative_sec"] or 0) * c["episodes_compared_for_latency"],
+            "paired/episodes_differing": len(c["episodes_differing"]),
+            "paired/episodes_differing_in_action": len(c["differing_first_in_action"]),
+            "paired/tokens_differing": c["tokens_differing"]})
+        spec.summarise()
+        write_summary(out, {"command": "train", "step": step, "episodes": len(tasks),
+                            "modes": {"sequential": seq.metrics, "speculative": spec.metrics},
+                            "comparison": c, "spec/class_hits": spec.class_hits, "success_by_kind": spec.by_kind})
+        self.last = spec
+        return spec
 
     def run(self, tasks: list[Task], step: int, first_episode: int, label: str = "",
-            settings: RolloutSettings | None = None, out: str = "") -> StepRollouts:
+            settings: RolloutSettings | None = None, out: str = "", fresh: bool = True,
+            title: str = "") -> StepRollouts:
         """Run episodes `first_episode + i` on `tasks`, written under `out` (default
-        rollouts/step-NNNNNN/). With a `label`: outside the training steps (val evaluation, with
-        its own `settings`), so `last` stays the last step's."""
+        rollouts/step-NNNNNN/; `fresh`: an existing one is set aside first). With a `label`:
+        outside the training steps (val evaluation, with its own `settings`), so `last` stays
+        the last step's."""
         s = settings or self.settings
-        out = _fresh_dir(out) if out else self._step_dir(step)
+        out = (_fresh_dir(out) if fresh else out) if out else self._step_dir(step)
         t0 = time.monotonic()
         cache_before = (getattr(self.predictor, "lookups", 0), getattr(self.predictor, "hits", 0))
         batch = asyncio.run(run_episodes(
             self.policy, self.fmt, tasks, s.make_tool, s.sampling, cap=s.cap, speculative=s.speculative,
             predictor=self.predictor, depth=s.depth, busy_limit=s.busy_limit, gate=s.gate, concurrency=s.concurrency,
             first_episode=first_episode, adapter=self.policy_adapter, out_dir=out, live=self.live,
-            title=label or f"step {step} rollouts"))
+            title=title or label or f"step {step} rollouts"))
         trajectories = batch.trajectories
         counts = outcome_counts(trajectories)
         if hasattr(self.predictor, "lookups") and s.speculative:  # this step's, not cumulative
@@ -239,6 +270,23 @@ def outcome_counts(trajectories: list[Trajectory]) -> Counter:
                    infra=sum(1 for t in trajectories if t.infra_error), turns=sum(len(t.turns) for t in trajectories))
 
 
+def paired_metrics_of(counts: Counter) -> dict:
+    """With paired steps (train.measure_speculation): the measured reductions of the step's mean
+    episode latency (over the token-identical episodes) and of its rollout wall time, speculative
+    against sequential on the same seeds, and how many episodes and tokens differed."""
+    if not counts["paired/steps"]:
+        return {}
+    seq, spec = counts["paired/seq_latency"], counts["paired/spec_latency"]
+    return {"paired/latency_reduction": 1 - spec / seq if seq else None,
+            "paired/rollout_reduction": 1 - counts["paired/spec_sec"] / counts["paired/seq_sec"]
+            if counts["paired/seq_sec"] else None,
+            "paired/seq_sec": counts["paired/seq_sec"], "paired/spec_sec": counts["paired/spec_sec"],
+            "paired/episodes_compared": counts["paired/compared"],
+            "paired/episodes_differing": counts["paired/episodes_differing"],
+            "paired/episodes_differing_in_action": counts["paired/episodes_differing_in_action"],
+            "paired/tokens_differing": counts["paired/tokens_differing"]}
+
+
 def outcome_metrics_of(counts: Counter) -> dict:
     return {"success_frac": counts["won"] / counts["scored"] if counts["scored"] else None,
             "infra_failures": counts["infra"],
@@ -256,6 +304,17 @@ def success_by_kind(tasks: list[Task], trajectories: list[Trajectory]) -> dict:
         scored[key] += 1
         won[key] += tr.reward >= 1.0
     return {k: [won[k], scored[k]] for k in sorted(scored)}
+
+
+def success_by_task(tasks, trajectories) -> dict:
+    """task id -> [successes, scored episodes] (infra failures left out)."""
+    out: dict = {}
+    for task, tr in zip(tasks, trajectories, strict=True):
+        if tr.infra_error or tr.reward is None:
+            continue
+        won, seen = out.get(task.task_id, (0, 0))
+        out[task.task_id] = [won + (tr.reward >= 1.0), seen + 1]
+    return out
 
 
 def class_hits(trajectories: list[Trajectory]) -> dict:

@@ -31,10 +31,10 @@ from obsspec.env.suite import interleave, load_tasks, spread
 from obsspec.rollout.config import make_gate, sampling
 from obsspec.rollout.predictors import WithHistory
 from obsspec.rollout.gate import SKIP_REASONS
-from obsspec.rollout.metrics import mean_of, pooled_success, skips_phrase
+from obsspec.rollout.metrics import mean_interval, mean_of, pooled_success, skips_phrase
 from obsspec.training.config import TrainError
 from obsspec.training.checkpoint_val import CheckpointVal
-from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics
+from obsspec.training.rollouts import RolloutSettings, Rollouts, outcome_metrics, success_by_task
 from obsspec.training.trackers import scalars
 
 EVAL_EPISODES = 10**9  # val episodes are numbered from here: the same seeds before and after
@@ -101,7 +101,7 @@ def _build(recipe: Recipe, out_dir: str, state, live, display, train, val, polic
         speculative=speculative, depth=recipe.rollout.depth, episodes_per_step=t.episodes_per_step,
         make_tool=tool_factory(recipe, None),
         concurrency=recipe.rollout.concurrency, busy_limit=recipe.rollout.busy_limit,
-        gate=make_gate(recipe.rollout))
+        gate=make_gate(recipe.rollout), paired=t.measure_speculation)
     by_id = {task.task_id: task for task in train}
     rollouts = Rollouts(by_id, settings, policy_engine, fmt, predictor, out_dir,
                         rank=state.process_index, live=live)
@@ -125,6 +125,16 @@ def _where(model: str) -> str:
     return os.path.abspath(model) if os.path.isdir(model) else model  # a folder, or a hub name
 
 
+def sampler_check(recipe: Recipe):
+    """The comparison of the rollouts' logprobs with the trainer's (obsspec/training/sampler.py):
+    the importance correction on when the recipe asks, or by default when a server samples."""
+    from obsspec.training.sampler import SamplerCheck
+
+    t, engine = recipe.train, recipe.policy.engine
+    correction = t.importance_correction == "on" or (t.importance_correction == "auto" and engine != "hf")
+    return SamplerCheck(correction, t.importance_cap, engine)
+
+
 def _inner(predictor):
     return predictor.inner if isinstance(predictor, WithHistory) else predictor
 
@@ -137,11 +147,15 @@ class TrainingRun:
         self.policy_engine, self.wm_engine, self.tokenizer = policy_engine, wm_engine, tokenizer
         self.rollouts, self.predictor, self.cotrainer, self.display = rollouts, predictor, cotrainer, display
         self.restored_step = 0
+        self.sampler = sampler_check(recipe)
+        if rollouts.sync is not None:
+            rollouts.sync.pushed = self.sampler.note_push
         self.servers = None  # the vLLM servers this run started (servers.launch), stopped at close
 
     def trainer(self, args):
         from datasets import Dataset
-        from trl import GRPOTrainer
+
+        from obsspec.training.sampler import SamplerAwareGRPOTrainer
 
         # The prompt is the task id; the rollout function renders the task's instruction. The order
         # is ours (TRL's shuffle is off): every stretch of the run sees the same mix of kinds.
@@ -149,10 +163,10 @@ class TrainingRun:
         dataset = Dataset.from_list([{"prompt": task.task_id} for task in order])
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         checkpoint_val = CheckpointVal(self)
-        trainer = GRPOTrainer(model=self.model, reward_funcs=[self.rollouts.reward], args=args,
-                              train_dataset=dataset, processing_class=self.tokenizer,
-                              rollout_func=self.rollouts, peft_config=self.recipe.train.policy_lora(),
-                              callbacks=[MetricsLog(self), checkpoint_val, StateSaver(self)])
+        trainer = SamplerAwareGRPOTrainer(
+            model=self.model, reward_funcs=[self.rollouts.reward], args=args, train_dataset=dataset,
+            processing_class=self.tokenizer, rollout_func=self.rollouts, peft_config=self.recipe.train.policy_lora(),
+            callbacks=[MetricsLog(self), checkpoint_val, StateSaver(self)], sampler=self.sampler)
         checkpoint_val.trainer = trainer
         # MetricsLog first: the trackers' callbacks send the log dict it adds obsspec's metrics to
         trainer.callback_handler.callbacks.sort(key=lambda c: not isinstance(c, MetricsLog))
@@ -212,7 +226,7 @@ class TrainingRun:
         scored = [tr.reward for tr in result.trajectories if not tr.infra_error]
         out = {**outcome_metrics(result.trajectories), "episodes": len(tasks),
                "reward_mean": sum(scored) / len(scored) if scored else None,
-               "success_by_kind": result.by_kind}
+               "success_by_kind": result.by_kind, "success_by_task": success_by_task(tasks, result.trajectories)}
         self.display.log(f"{label}: success {out['success_frac']}, over {len(tasks)} episodes")
         return out
 
@@ -249,8 +263,9 @@ class TrainingRun:
                 "skipped_frac_mean": mean_of([r.get("spec/skipped_frac") for r in rows]),
                 "latency_saved_sec": saved, "rollout_sec": rollout_sec,
                 "latency_saved_frac": mean_of([r.get("latency_saved_frac") for r in rows]),
+                **paired_summary(rows), "val_gain": val_gain(evals),
                 "success_by_kind": _kind_thirds(rows, third),
-                "logprob_check": self.rollouts.logprob_check}
+                "logprob_check": self.sampler.summary()}
 
     def close(self) -> None:
         if self.cotrainer is not None:
@@ -260,6 +275,37 @@ class TrainingRun:
             self.wm_engine.close()
         if self.servers is not None:
             self.servers.stop()
+
+
+def paired_summary(rows: list[dict]) -> dict:
+    """Over the paired steps (train.measure_speculation): the measured reductions with their 95 %
+    intervals over steps, and the identity of the two passes."""
+    latency = [r["paired/latency_reduction"] for r in rows if r.get("paired/latency_reduction") is not None]
+    wall = [r["paired/rollout_reduction"] for r in rows if r.get("paired/rollout_reduction") is not None]
+    if not wall:
+        return {}
+
+    def total(key):
+        return sum(r.get(key) or 0 for r in rows)
+
+    return {"paired": {"steps": len(wall), "latency_reduction": mean_interval(latency) if latency else None,
+                       "rollout_reduction": mean_interval(wall),
+                       "seq_sec": total("paired/seq_sec"), "spec_sec": total("paired/spec_sec"),
+                       "episodes_compared": total("paired/episodes_compared"),
+                       "episodes_differing": total("paired/episodes_differing"),
+                       "episodes_differing_in_action": total("paired/episodes_differing_in_action"),
+                       "tokens_differing": total("paired/tokens_differing")}}
+
+
+def val_gain(evals: dict) -> dict | None:
+    """Val success after minus before, task by task (the same tasks and seeds both times), with
+    its 95 % interval over tasks: a paired comparison, so the tasks' own difficulty cancels."""
+    before, after = (evals.get(k, {}).get("success_by_task") or {} for k in ("before", "after"))
+    tasks = [t for t in before if t in after and before[t][1] and after[t][1]]
+    if len(tasks) < 2:
+        return None
+    diffs = [after[t][0] / after[t][1] - before[t][0] / before[t][1] for t in tasks]
+    return {**mean_interval(diffs), "tasks": len(tasks)}
 
 
 def _sum_pairs(tables) -> dict:
@@ -279,6 +325,7 @@ def _sum_pairs(tables) -> dict:
 class MetricsLog(TrainerCallback):
     def __init__(self, run: TrainingRun):
         self.run = run
+        self.reductions: list[float] = []  # each paired step's measured rollout reduction, so far
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         last = self.run.rollouts.last
@@ -294,7 +341,10 @@ class MetricsLog(TrainerCallback):
         with open(os.path.join(self.run.out_dir, "metrics.jsonl"), "a") as f:
             f.write(json.dumps(row, sort_keys=True, default=str) + "\n")
         logs.update(scalars(row, skip=logs))  # the trackers' callbacks, after this one, send them too
-        self.run.display.log(_step_line(row, args.max_steps))
+        if row.get("paired/rollout_reduction") is not None:
+            self.reductions.append(row["paired/rollout_reduction"])
+        so_far = mean_interval(self.reductions) if len(self.reductions) > 1 else None
+        self.run.display.log(_step_line(row, args.max_steps, so_far))
 
 
 class StateSaver(TrainerCallback):
@@ -306,16 +356,25 @@ class StateSaver(TrainerCallback):
             self.run.save_state(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
 
 
-def _step_line(row: dict, steps: int) -> str:
+def _step_line(row: dict, steps: int, so_far: dict | None = None) -> str:
     def pct(k):
         v = row.get(k)
         return "-" if v is None else f"{100 * v:.0f}%"
 
     busy = f", {skips_phrase(row)}" if row.get("spec/skipped_frac") else ""
+    if row.get("paired/rollout_reduction") is not None:  # measured against the sequential pass
+        saved = (f"rollout {row['paired/spec_sec']:.1f}s vs {row['paired/seq_sec']:.1f}s sequential "
+                 f"({-100 * row['paired/rollout_reduction']:+.0f}%, episode latency "
+                 f"{-100 * (row.get('paired/latency_reduction') or 0):+.0f}%")
+        if so_far is not None:
+            saved += f"; measured so far {-100 * so_far['mean']:+.1f}% ± {100 * so_far['ci95']:.1f}"
+        saved += ")"
+    else:
+        saved = (f"hidden ~{row.get('latency_saved_sec', 0):.1f}s (est. {pct('latency_saved_frac')} of "
+                 "rollout time)")
     return (f"step {row['step']}/{steps}: reward {row.get('reward', 0):.3f}, success {pct('success_frac')}, "
             f"hit rate {pct('spec/exact_frac')} (world model {pct('spec/exact_frac_wm')}, cache "
-            f"{pct('spec/exact_frac_cache')}){busy}, hidden ~{row.get('latency_saved_sec', 0):.1f}s "
-            f"(est. {pct('latency_saved_frac')} of rollout time), infra failures {row.get('infra_failures', 0)}")
+            f"{pct('spec/exact_frac_cache')}){busy}, {saved}, infra failures {row.get('infra_failures', 0)}")
 
 
 def _kind_thirds(rows: list[dict], third: int) -> dict:

@@ -104,6 +104,34 @@ def _val_by_family(ev: dict) -> dict:
     return {f: [before.get(f), after.get(f)] for f in sorted(set(before) | set(after))}
 
 
+def _gain(interval: dict | None) -> str:
+    if not interval:
+        return "-"
+    half = interval.get("ci95")
+    return f"{100 * interval['mean']:+.1f} points" + (f" ± {100 * half:.1f}" if half is not None else "") + \
+        f" ({interval.get('tasks', len(interval.get('runs', [])))} tasks)"
+
+
+def _reduction(interval: dict | None) -> str:
+    if not interval:
+        return "-"
+    half = interval.get("ci95")
+    return f"{-100 * interval['mean']:+.1f} %" + (f" ± {100 * half:.1f}" if half is not None else "")
+
+
+def _paired_rows(p: dict) -> list[tuple[str, str]]:
+    """Measured: each step's episodes ran speculatively and sequentially on the same seeds."""
+    return [
+        (f"rollout time, speculative vs sequential (measured, {p['steps']} paired steps, 95 %)",
+         _reduction(p.get("rollout_reduction"))),
+        ("  episode latency, speculative vs sequential (token-identical episodes)",
+         _reduction(p.get("latency_reduction"))),
+        ("  seconds of rollout, speculative / sequential", f"{p['spec_sec']:.0f} / {p['seq_sec']:.0f}"),
+        ("  episodes that differed between the passes (first in an action; tokens)",
+         f"{p['episodes_differing']} ({p['episodes_differing_in_action']}; {p['tokens_differing']})"),
+    ]
+
+
 def print_training_table(summary: dict, latency) -> None:
     """The end of `obsspec train` (and the demo): reward over the run, val before/after, speculation."""
     from rich.console import Console
@@ -123,6 +151,7 @@ def print_training_table(summary: dict, latency) -> None:
           for kind, (first, last) in _few(summary.get("success_by_kind") or {}).items()],
         ("val success before training", cell(ev.get("before", {}).get("success_frac"), True)),
         ("val success after training", cell(ev.get("after", {}).get("success_frac"), True)),
+        ("  change, task by task (95 % interval)", _gain(summary.get("val_gain"))),
         *[(f"  val success on {family}, before → after", f"{cell(before, True)} → {cell(after, True)}")
           for family, (before, after) in _few(_val_by_family(ev)).items()],
         ("hit rate (mean over steps)", cell(summary.get("hit_rate_mean"), True)),
@@ -138,11 +167,12 @@ def print_training_table(summary: dict, latency) -> None:
          f"{cell(summary.get('skipped_frac_mean'), True)}; " +
          ", ".join(f"{r} {n}" for r, n in (summary.get("skips") or {}).items())),
         ("committed work delayed by speculation (worst step)", cell(summary.get("committed_delay_frac_max"), True)),
-        # overlapped generation: it leaves out what the world model's own compute slows down,
-        # which on a shared CPU can outweigh it (docs/WORLDMODEL.md); --mode both measures the net
-        ("rollout time hidden by speculation (s, estimate)", "~" + cell(summary.get("latency_saved_sec"))),
-        ("share hidden (estimate, not a measured net: rollout --mode both)",
-         "~" + cell(summary.get("latency_saved_frac"), True)),
+        *(_paired_rows(summary["paired"]) if summary.get("paired") else [
+            # overlapped generation: it leaves out what the world model's own compute slows down,
+            # which on a shared CPU can outweigh it (docs/WORLDMODEL.md); train.measure_speculation measures the net
+            ("rollout time hidden by speculation (s, estimate)", "~" + cell(summary.get("latency_saved_sec"))),
+            ("share hidden (estimate, not measured: train.measure_speculation)",
+             "~" + cell(summary.get("latency_saved_frac"), True))]),
         ("world-model adapter versions", cell(summary.get("wm_version"))),
         ("infra failures (excluded)", cell(summary.get("infra_failures"))),
         ("run directory", str(summary.get("out_dir"))),

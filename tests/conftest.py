@@ -57,6 +57,14 @@ SLOW_TESTS = {
     "test_plan.py::test_activation_bytes_are_what_autograd_keeps",
     "test_plan.py::test_a_start_on_gpus_refuses_before_anything_loads",
     "test_scale.py::test_the_scale_benchmark_runs_and_reports_its_figures",
+    "test_collectives.py::test_the_others_wait_out_the_main_processs_work_alone",
+    "test_retention.py::test_world_model_versions_are_pruned_except_the_serving_and_the_checkpointed",
+    "test_wm_rows.py::test_the_tiny_recipes_cotraining_rows_are_what_they_were",
+    "test_wm_rows.py::test_micro_batches_accumulate_to_the_batchs_update",
+    "test_wm_rows.py::test_the_loss_in_chunks_is_the_loss_and_keeps_no_full_logits",
+    "test_vllm_build.py::test_the_build_is_read_from_the_environments_metadata",
+    "test_vllm_build.py::test_every_mismatch_is_refused_before_a_server_starts",
+    "test_vllm_build.py::test_a_cuda_section_served_by_the_cpu_build_is_one_line",
 }
 
 

@@ -154,9 +154,30 @@ def test_full_fine_tuning_of_8b_is_refused():
         gpu8b("policy.engine=hf", "policy.priority_scheduling=false", "train.policy_lora_rank=0")
 
 
-def test_co_training_that_overflows_its_gpu_names_its_batch():
-    with pytest.raises(PlanError, match=r"GPU 7 .*wm_train.batch_size=8 .*set wm_train.batch_size=\d"):
-        gpu8b("wm_train.batch_size=8")
+def test_co_training_that_overflows_its_gpu_names_the_key():
+    with pytest.raises(PlanError, match=r"GPU 7 .*8 row\(s\) of wm_train.max_length=32768 .*attention mask "
+                                        r"\d+\.\d.*set wm_train.micro_batch_size=1,"):
+        gpu8b("wm_train.micro_batch_size=8")
+    with pytest.raises(PlanError, match=r"GPU 7 .*activations \d+\.\d.*set wm_train.activation_checkpointing=true"):
+        gpu8b("wm_train.activation_checkpointing=false")
+
+
+def test_co_training_estimate_follows_the_code():
+    """One row a pass pads nothing (no mask); the loss scores the labelled tokens in chunks, so its
+    logits do not grow with the rows (before: 18.6 GiB of full logits at 4 x 2,048 tokens)."""
+    from obsspec.memory import ALL_LINEAR, LOGITS_CHUNK_BYTES, cotrain_memory
+    from obsspec.models import warmstart
+
+    s = QWEN3["Qwen/Qwen3-0.6B"]
+    short, long = (cotrain_memory(s, 8, ALL_LINEAR, 1, n, checkpointing=True) for n in (2048, 32768))
+    assert short.logits == long.logits == (LOGITS_CHUNK_BYTES // (4 * s.vocab)) * s.vocab * 16
+    assert warmstart.LOGITS_CHUNK_BYTES == LOGITS_CHUNK_BYTES, "the plan counts the chunk the loss uses"
+    assert long.mask == 0 and cotrain_memory(s, 8, ALL_LINEAR, 2, 2048).mask > 0
+    off = cotrain_memory(s, 8, ALL_LINEAR, 1, 32768)
+    assert off.activations > 10 * long.activations
+    plan = gpu8b()
+    gpu7 = plan["gpus"]["7"]["occupants"][0]
+    assert gpu7["process"] == "co-training" and gpu7["gib"] == pytest.approx(long.total() / GIB, abs=0.01)
 
 
 def test_checkpointing_only_where_the_trainers_model_does_not_generate():

@@ -23,7 +23,7 @@ import pytest
 
 from obsspec.config import load_recipe
 from obsspec.engines.base import GenerationRequest, PromptTooLong
-from obsspec.engines.server import ServerError, Servers, server_specs
+from obsspec.engines.server import ServerError, Servers, server_specs, vllm_build
 from obsspec.engines.vllm import VLLMEngine, VLLMServerError
 from test_cli import ROOT, cli
 
@@ -36,6 +36,10 @@ if not VLLM_PYTHON.exists():
     if os.environ.get("OBSSPEC_REQUIRE_VLLM") == "1":
         raise RuntimeError(f"OBSSPEC_REQUIRE_VLLM=1 but {VLLM_PYTHON} is missing: run `make install-vllm`")
     pytest.skip("no vLLM environment (.venv-vllm): `make install-vllm`", allow_module_level=True)
+if (vllm_build(str(VLLM_PYTHON)) or ("",))[0] not in ("cpu", ""):
+    # a GPU machine's .venv-vllm: these servers run the CPU layout, which its CUDA build cannot serve
+    pytest.skip("the real-server tests run vLLM's CPU build, and .venv-vllm holds another (a GPU machine's): "
+                "`make install-vllm VLLM_BUILD=cpu` for them", allow_module_level=True)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

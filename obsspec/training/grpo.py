@@ -152,7 +152,7 @@ def grpo_args(t: TrainConfig, recipe: Recipe, out_dir: str, num_processes: int):
         num_generations=t.group_size, max_steps=t.steps, learning_rate=t.learning_rate,
         lr_scheduler_type=t.scheduler_name, warmup_steps=t.warmup_steps, weight_decay=0.0,
         beta=t.beta, epsilon=t.epsilon, epsilon_high=t.epsilon_high, loss_type=t.loss_type,
-        max_grad_norm=t.max_grad_norm,
+        max_grad_norm=t.max_grad_norm, ddp_timeout=int(t.collective_timeout_s),
         # the trainer's logprobs must use the temperature the rollouts sampled with
         temperature=recipe.policy.temperature or 1.0, top_p=recipe.policy.top_p,
         max_completion_length=recipe.policy.max_context,
@@ -177,6 +177,7 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     from obsspec.progress import NullDisplay
 
     import warnings
+    from datetime import timedelta
 
     import torch
 
@@ -185,7 +186,11 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
     display = display or NullDisplay()
     # cpu=True lets a CPU run launched with torchrun / accelerate be distributed (gloo); without it
     # accelerate would see one process per launch and every process would train alone.
-    state = PartialState(cpu=recipe.policy.device != "cuda" or not torch.cuda.is_available())
+    # The first initialisation of the process group sets its timeout for the whole run (the
+    # trainer's own PartialState finds the group made): the others wait in collectives while the
+    # main process alone prepares, evaluates or co-trains (train.collective_timeout_s).
+    state = PartialState(cpu=recipe.policy.device != "cuda" or not torch.cuda.is_available(),
+                         timeout=timedelta(seconds=recipe.train.collective_timeout_s))
     _check_gpus(recipe, state, display)  # the layout and each GPU's memory, before anything loads
     found = checkpoints.find_checkpoints(os.path.join(out_dir, "checkpoints"))
     checkpoint = found.resume_from

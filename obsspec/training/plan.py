@@ -162,14 +162,15 @@ def gpu_plan(recipe, node: Node, processes: int) -> dict | None:
     w = recipe.wm_train
     cotrain = None
 
-    def cotrain_at(batch: int):
-        return cotrain_memory(wm_shape, w.rank, w.target_modules, batch, w.max_length)
+    def cotrain_at(micro: int):
+        return cotrain_memory(wm_shape, w.rank, w.target_modules, micro, w.max_length, w.activation_checkpointing)
 
     if speculative and t.cotrain_every and wm_shape is not None:
-        cotrain = cotrain_at(w.batch_size)
+        cotrain = cotrain_at(w.micro_batch_size or w.batch_size)
         gpu = int(s.cotrain_gpu) if s.cotrain_gpu else trainer[0]
         plan["processes"].append({"process": "co-training", "gpus": [gpu], "rank": w.rank,
-                                  "batch": w.batch_size, "max_length": w.max_length})
+                                  "batch": w.batch_size, "micro_batch": w.micro_batch_size or w.batch_size,
+                                  "max_length": w.max_length, "checkpointing": w.activation_checkpointing})
         place(gpu, "co-training", cotrain.total() / GIB,
               {"weights": cotrain.weights / GIB, "lora_state": cotrain.train_state / GIB,
                "activations": cotrain.activations / GIB, "attention_mask": cotrain.mask / GIB,
@@ -258,12 +259,15 @@ def _overflow(recipe, plan, g, rest, used, usable, rank_memory, per_process, che
     head = f"GPU {g} needs {used:.1f} GiB, {over:.1f} over the {usable:.1f} its processes may use"
     if not any(o["process"].startswith("trainer") for o in rest):  # co-training alone
         w = recipe.wm_train
+        micro = w.micro_batch_size or w.batch_size
         room = usable - (used - cotrain.total() / GIB)
-        fit = [b for b in range(1, w.batch_size) if cotrain_at(b).total() / GIB <= room]
-        fix = f"set wm_train.batch_size={max(fit)}" if fit else "lower wm_train.max_length"
-        raise PlanError(f"{head}: world-model co-training at wm_train.batch_size={w.batch_size} x "
-                        f"wm_train.max_length={w.max_length} takes {cotrain.total() / GIB:.1f} (logits "
-                        f"{cotrain.logits / GIB:.1f}, activations {cotrain.activations / GIB:.1f}); {fix}, "
+        fit = [b for b in range(1, micro) if w.batch_size % b == 0 and cotrain_at(b).total() / GIB <= room]
+        fix = (f"set wm_train.micro_batch_size={max(fit)}" if fit else
+               "set wm_train.activation_checkpointing=true" if not w.activation_checkpointing else
+               "lower wm_train.max_length")
+        raise PlanError(f"{head}: world-model co-training at {micro} row(s) of wm_train.max_length={w.max_length} "
+                        f"a pass takes {cotrain.total() / GIB:.1f} (logits {cotrain.logits / GIB:.1f}, activations "
+                        f"{cotrain.activations / GIB:.1f}, attention mask {cotrain.mask / GIB:.1f}); {fix}, "
                         "or give it a GPU of its own (servers.cotrain_gpu)", plan)
     others = used - sum(o["gib"] for o in rest if o["process"].startswith("trainer"))
     room = usable - others
@@ -336,8 +340,10 @@ def render(plan: dict) -> str:
                        f"{p['tokens']:,} tokens ({p['accumulation']} a step each); activation checkpointing "
                        f"{'on' if p['checkpointing'] else 'off (policy.engine=hf generates with this model)'}")
         elif p["process"] == "co-training":
-            out.append(f"  co-training         GPU {gpus}: world-model LoRA rank {p['rank']}, batches of "
-                       f"{p['batch']} x {p['max_length']:,} tokens (wm_train)")
+            out.append(f"  co-training         GPU {gpus}: world-model LoRA rank {p['rank']}, {p['micro_batch']} "
+                       f"row{'s' if p['micro_batch'] > 1 else ''} of up to {p['max_length']:,} tokens a pass "
+                       f"({p['batch']} a step); activation checkpointing {'on' if p['checkpointing'] else 'off'}; "
+                       "logits of the observation tokens only, in chunks (wm_train)")
         else:
             tp = f" (tensor parallel {p['tensor_parallel']})" if p["tensor_parallel"] > 1 else ""
             out.append(f"  {p['process']:19} GPU{'s' if len(p['gpus']) > 1 else ''} {gpus}{tp}, {p['share']:.2f} "

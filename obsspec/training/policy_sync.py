@@ -8,7 +8,9 @@ atomic `AdapterStore` the world model's versions use) and loads it into the serv
 name (`policy-vN`); every process's rollouts then name that adapter, and the version it replaces
 is unloaded. Step k+1's rollouts therefore sample from the weights step k's update left — the
 same guarantee the hf engine gives by serving the trainer's model object. After a resume the
-first round publishes the restored weights the same way.
+first round publishes the restored weights the same way. Versions older than the newest
+`keep` (`train.keep_adapter_versions`) are deleted after each push (obsspec/training/retention.py):
+only the one serving matters to the run, and each is ~0.7 GB at rank 64 on Qwen3-8B.
 
 The server must be able to read RUN_DIR (one machine, or a shared file system) and run with LoRA
 enabled (`obsspec serve RECIPE` starts it so; docs/ENGINES.md). `load_adapter` sends the folder
@@ -27,8 +29,8 @@ from obsspec.worldmodel.adapters import AdapterStore
 
 
 class PolicySync:
-    def __init__(self, engine, out_dir: str, state, rollouts):
-        self.engine, self.state, self.rollouts = engine, state, rollouts
+    def __init__(self, engine, out_dir: str, state, rollouts, keep: int = 0):
+        self.engine, self.state, self.rollouts, self.keep = engine, state, rollouts, keep
         self.store = AdapterStore(os.path.join(out_dir, "policy", "adapters"), prefix="policy")
         self.work = os.path.join(out_dir, "policy", "training")
         self.synced_step: int | None = None   # the trainer step whose weights the server has
@@ -52,6 +54,7 @@ class PolicySync:
             asyncio.run(self.engine.load_adapter(version.name, version.path))
             if old and old != version.name:
                 asyncio.run(self.engine.unload_adapter(old))
+            self.store.prune(self.keep, protect={version.version})
         self.pushed()                              # (every process: the check's collectives are shared)
         self.state.wait_for_everyone()             # the others read the version the main one published
         version = self.store.latest()

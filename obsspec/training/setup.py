@@ -108,7 +108,11 @@ def _build(recipe: Recipe, out_dir: str, state, live, display, train, val, polic
     if recipe.policy.engine != "hf":
         from obsspec.training.policy_sync import PolicySync
 
-        rollouts.sync = PolicySync(policy_engine, out_dir, state, rollouts)
+        rollouts.sync = PolicySync(policy_engine, out_dir, state, rollouts, keep=t.keep_adapter_versions)
+    if t.keep_rollouts:  # every process its own step folders
+        from obsspec.training.retention import RolloutRotation
+
+        rollouts.after_rollouts.append(RolloutRotation(out_dir, state.process_index, t.keep_rollouts))
     cotrainer = None
     if speculative and t.cotrain_every and state.is_main_process:
         from obsspec.training.cotrain import CoTrainer

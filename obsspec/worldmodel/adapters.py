@@ -17,6 +17,9 @@ temporary folder next to the versions and renames it into place (one `os.rename`
 POSIX file system), then replaces `latest` the same way: a reader sees no version or a whole
 one, never half an adapter, and a crash leaves only a hidden folder that the next publish
 removes. Version numbers only grow; a broken folder (no adapter weights) is refused.
+`prune(keep, protect)` deletes all but the newest `keep` versions, never the one `latest` names
+nor a protected one (the version serving, those a checkpoint records); a version leaves the
+listing (renamed to a hidden folder) before its files are deleted.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ LATEST = "latest"
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
 ADAPTER_FILES = ("adapter_config.json",)
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+_REMOVING = ".removing-"
 
 
 from obsspec.worldmodel.config import WorldModelError
@@ -129,6 +133,22 @@ class AdapterStore:
         self._point_latest(version)
         return version
 
+    def prune(self, keep: int, protect=()) -> list[int]:
+        """Delete every version but the newest `keep`, the one `latest` names and those in
+        `protect` (0 = keep all); the versions deleted."""
+        if keep <= 0:
+            return []
+        versions, latest = self.versions(), self.latest()
+        kept = {v.version for v in versions[-keep:]} | set(protect) | ({latest.version} if latest else set())
+        removed = []
+        for v in versions:
+            if v.version not in kept:
+                aside = os.path.join(self.root, f"{_REMOVING}{os.path.basename(v.path)}")
+                os.rename(v.path, aside)  # out of the listing first: never half a version listed
+                shutil.rmtree(aside, ignore_errors=True)
+                removed.append(v.version)
+        return removed
+
     def _point_latest(self, version: AdapterVersion) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".latest-", dir=self.root)
         with os.fdopen(fd, "w") as f:
@@ -137,8 +157,8 @@ class AdapterStore:
         os.replace(tmp, os.path.join(self.root, LATEST))
 
     def _remove_leftovers(self) -> None:
-        for name in os.listdir(self.root):  # a publish that crashed before its rename
-            if name.startswith((".publishing-", ".latest-")):
+        for name in os.listdir(self.root):  # a publish (or a deletion) that crashed half-way
+            if name.startswith((".publishing-", ".latest-", _REMOVING)):
                 path = os.path.join(self.root, name)
                 shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
 

@@ -39,8 +39,18 @@ class WorldModelTrainConfig:
     epochs: float = doc(4.0, "Passes over the training examples (see max_steps).")
     max_steps: int = doc(300, "Cap on optimizer steps (0 = no cap; `epochs` decides).")
     batch_size: int = doc(8, "Sequences per optimizer step.")
-    max_length: int = doc(2048, "Longest example in tokens; longer episodes are dropped and counted "
-                                "(a cut one would teach half an observation).")
+    micro_batch_size: int = doc(0, "Sequences per forward/backward pass, accumulated to batch_size "
+                                   "(0 = batch_size, one pass a step). 1 pads nothing: padded rows "
+                                   "make an attention mask of rows x length^2 bytes in every layer.")
+    max_length: int = doc(2048, "Longest row in tokens. A longer episode is cut into windows that end "
+                                "at an observation and keep it whole, with at least half this budget "
+                                "of the latest context before it (the workspace snapshot ahead of "
+                                "each); an observation longer than the budget alone is dropped and "
+                                "counted (obsspec/windows.py).")
+    activation_checkpointing: bool = doc(False, "Keep only each layer's input in the forward pass and "
+                                                "recompute the rest in the backward: without it a "
+                                                "Qwen3-0.6B row keeps ~2.5 MB of activations a token "
+                                                "(32k tokens: ~80 GiB; with it ~5). For long rows on GPUs.")
     eval_fraction: float = doc(0.2, "Share of task instances held out (split by task instance, so "
                                     "no held-out step comes from an episode trained on).")
     eval_limit: int = doc(200, "Most held-out steps drafted in the evaluation, spread over them "
@@ -65,6 +75,9 @@ class WorldModelTrainConfig:
                              "wm_train.max_steps >= 0 (0 = no cap)")
         if self.batch_size < 1 or self.max_length < 64:
             raise ValueError("wm_train.batch_size must be >= 1 and wm_train.max_length >= 64")
+        if self.micro_batch_size < 0 or self.batch_size % (self.micro_batch_size or self.batch_size):
+            raise ValueError(f"wm_train.micro_batch_size ({self.micro_batch_size}) must divide "
+                             f"wm_train.batch_size ({self.batch_size}) (0 = batch_size)")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"wm_train.eval_fraction must be in [0, 1), got {self.eval_fraction}")
         if self.eval_limit < 0 or self.eval_max_tokens < 0:

@@ -3,6 +3,7 @@
     episodes = load_episodes(["runs/tasks", "runs/rollout"])
     train, held_out = split_by_task(episodes, eval_fraction=0.2, seed=0)
     rows, counts = examples(fmt, train, max_length=2048)      # SFT rows, loss on observations
+                                                               # (longer episodes in windows)
     cases = eval_cases(fmt, held_out)                          # "context -> real body" steps
 
 Sources (one or several at once):
@@ -33,7 +34,8 @@ from dataclasses import dataclass
 
 from obsspec.env.task import Task
 from obsspec.rollout.trajectory import Trajectory
-from obsspec.tokens import wm_row
+from obsspec import windows
+from obsspec.tokens import as_view, wm_row
 from obsspec.worldmodel.config import WorldModelError
 
 
@@ -125,23 +127,24 @@ def split_by_task(episodes: list[Episode], eval_fraction: float, seed: int
 
 def examples(fmt, episodes: list[Episode], max_length: int,
              snapshots: dict | None = None) -> tuple[list[dict], dict]:
-    """SFT rows {"input_ids", "completion_mask"} and counts (too long, without a target, duplicates).
-    `snapshots`: task_id -> the task's `tokens.WorldView` (its snapshot ahead of every row of that
-    task, its hints after each call)."""
+    """SFT rows {"input_ids", "completion_mask"} and counts: episodes cut into windows (longer
+    than `max_length`: obsspec/windows.py, each observation whole), observations too long to fit
+    the budget alone (dropped), episodes without a target, duplicate rows. `snapshots`: task_id ->
+    the task's `tokens.WorldView` (its snapshot ahead of every row of that task, its hints after
+    each call)."""
     from obsspec.models.warmstart import examples as reference_examples
 
     rows, seen = [], set()
-    counts = {"episodes": len(episodes), "too_long": 0, "no_target": 0, "duplicates": 0}
+    counts = {"episodes": len(episodes), "cut": 0, "too_long": 0, "no_target": 0, "duplicates": 0}
     for e in episodes:
-        if e.reference is not None:
-            got, dropped = reference_examples(fmt, [e.reference], "world_model", max_length, snapshots)
-        else:
-            # one layout (hints are rebuilt from the ids) serves the length check and the row,
-            # kept as `trajectory_examples` keeps rows: within max_length, with a target
-            row = wm_row(snapshots[e.task_id] if snapshots is not None else (), e.trajectory.ids,
-                         e.trajectory.wm_mask)
-            dropped = int(len(row["input_ids"]) > max_length)
-            got = [row] if not dropped and any(row["completion_mask"]) else []
+        view = snapshots[e.task_id] if snapshots is not None else ()
+        if e.reference is not None:  # the whole episode in one row, cut below
+            whole, _ = reference_examples(fmt, [e.reference], "world_model", 1 << 62, snapshots)
+            row = whole[0] if whole else None
+        else:  # one layout (hints are rebuilt from the ids) serves the length check and the row
+            row = wm_row(view, e.trajectory.ids, e.trajectory.wm_mask)
+        got, dropped = windows.fit(row, max_length, len(as_view(view).prefix)) if row else ([], 0)
+        counts["cut"] += int(row is not None and len(row["input_ids"]) > max_length)
         counts["too_long"] += dropped
         counts["no_target"] += int(not got and not dropped)
         for row in got:

@@ -90,7 +90,7 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
                                  "held_out_tasks": len({e.task_id for e in held_eps})}
         display.log(f"world-model adapter: {counts['examples']} examples from "
                     f"{summary['train_data']['tasks']} tasks ({counts['duplicates']} duplicates, "
-                    f"{counts['too_long']} too long)")
+                    f"{counts['cut']} episodes cut into windows, {counts['too_long']} observations too long)")
         staging = os.path.join(out_dir, ".training")
         shutil.rmtree(staging, ignore_errors=True)  # a crashed run's half adapter: start over
         stats = train_adapter(model, tokenizer, rows, cfg, staging, init.path if init else None,

@@ -58,6 +58,8 @@ def train_adapter(base_model: Any, tokenizer: Any, rows: list[dict], cfg: WorldM
     grad_flags = {name: p.requires_grad for name, p in base_model.named_parameters()}
     was_training = base_model.training
     own_attrs = set(vars(base_model))
+    embeddings = base_model.get_input_embeddings()
+    own_hooks = set(embeddings._forward_hooks)
     if init_adapter:
         model = PeftModel.from_pretrained(base_model, init_adapter, is_trainable=True)
     else:
@@ -65,7 +67,8 @@ def train_adapter(base_model: Any, tokenizer: Any, rows: list[dict], cfg: WorldM
     try:
         stats = warmstart.train(model, tokenizer, rows, eval_rows or [], cfg,
                                 out_dir + ".trainer", cfg.seed, "world-model adapter", display,
-                                measure_train=True)
+                                measure_train=True, micro_batch_size=cfg.micro_batch_size,
+                                activation_checkpointing=cfg.activation_checkpointing)
         if os.path.exists(out_dir):
             shutil.rmtree(out_dir)
         model.save_pretrained(out_dir)
@@ -73,6 +76,12 @@ def train_adapter(base_model: Any, tokenizer: Any, rows: list[dict], cfg: WorldM
         stats["trainable_parameters"] = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     finally:
         model.unload()  # removes the LoRA layers without merging: the base is as it was
+        if cfg.activation_checkpointing:
+            base_model.activation_checkpointing_disable()
+        # with checkpointing the trainer (and TRL again) hooks the embeddings to make their
+        # outputs require grad; the list it keeps names the last hook only
+        for key in set(embeddings._forward_hooks) - own_hooks:
+            del embeddings._forward_hooks[key]
         for name, p in base_model.named_parameters():
             p.requires_grad_(grad_flags.get(name, p.requires_grad))
         base_model.train(was_training)

@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import gc
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -157,13 +158,14 @@ class Check:
         self.free()
         shape = self.sizes["train"]
         t0 = time.monotonic()
-        folder = gpu_train_run.model_folder(shape, self.tokenizer, os.path.join(self.work, f"model-{shape.name}"),
-                                            self.device)
+        folder = os.path.join(self.work, shape.name.replace("/", "-"))
+        gpu_train_run.model_folder(shape, self.tokenizer, folder, self.device)
         self.free()
         sandbox, how = gpu_train_run.sandbox_overrides()
         tasks = gpu_train_run.task_suite(os.path.join(self.work, "tasks"), sandbox, deadline - time.monotonic())
         prepared = round(time.monotonic() - t0, 1)
         out = os.path.join(self.work, "train-vllm" if vllm else "train-hf")
+        shutil.rmtree(out, ignore_errors=True)  # (a run of an earlier check)
         result = gpu_train_run.train(out, folder, tasks, self.device, sandbox, deadline - time.monotonic(),
                                      vllm_python=self.vllm_python if vllm else "",
                                      new_tokens=self.sizes["train_tokens"])

@@ -104,7 +104,8 @@ class Check:
         requests = [GenerationRequest(prompt_ids=fmt.prompt_ids(INSTRUCTIONS[i % len(INSTRUCTIONS)]),
                                       max_new_tokens=new, temperature=1.0, seed=i) for i in range(n)]
         engine = HFEngine(model, self.tokenizer, batch_invariant=False, max_batch_size=n, device=self.device)
-        try:
+        try:  # (the first pass pays for CUDA's and the kernels' start-up: not in the timing)
+            await engine.generate(dataclasses.replace(requests[0], max_new_tokens=2, request_id=""))
             t0 = time.perf_counter()
             gens = await asyncio.gather(*(engine.generate(r) for r in requests))
             sec = time.perf_counter() - t0
@@ -144,8 +145,11 @@ class Check:
     def memory(self, deadline: float) -> dict:
         shape = self.sizes["memory"]
         log(f"memory: {shape.name}, LoRA r{LORA_RANK}, micro-batch 1 (a padded row), plan vs measured:")
-        rows = gpu_memory_probe.probe(self.big_model(), shape, LORA_RANK, self.sizes["lengths"], deadline, log)
-        self.model = None  # (wrapped by PEFT now; freed for the parts in other processes)
+        model = self.big_model()
+        self.free(keep_model=True)  # (nothing of the engine's left to count)
+        rows = gpu_memory_probe.probe(model, shape, LORA_RANK, self.sizes["lengths"], deadline, log)
+        del model
+        self.free()  # (wrapped by PEFT now; the parts in other processes need the GPU)
         return {"shape": shape.name, "lora_rank": LORA_RANK, "rows": 1, "padded": True,
                 "gpu_gib": round(self.torch.cuda.get_device_properties(0).total_memory / GIB, 1) if self.cuda else None,
                 "probes": rows}
@@ -172,8 +176,9 @@ class Check:
         return {"shape": shape.name, "engine": "vllm" if vllm else "hf", "sandbox": how,
                 "setup_sec": prepared, **result}
 
-    def free(self) -> None:
-        self.model = None
+    def free(self, keep_model: bool = False) -> None:
+        if not keep_model:
+            self.model = None
         gc.collect()
         if self.cuda:
             self.torch.cuda.empty_cache()

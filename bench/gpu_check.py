@@ -15,8 +15,9 @@ The parts, in order, each in its own time box (a part past its box stops and say
               shape saved as a model folder, on a tiny task suite (bench/gpu_train_run.py).
 - train_vllm  the same with the policy on a vLLM server that obsspec starts; skipped with the
               reason where vLLM is not installed (--vllm-python).
-On a machine without CUDA (or --device cpu) the same parts run on tiny shapes and nothing is
-measured: tests/test_gpu_check.py runs it so in `make test`, so the check does not rot.
+On a machine without CUDA (or --device cpu) the same parts run on tiny shapes (bf16 but for the
+trained folder, float32 as the CPU trainer runs) and nothing is measured: tests/test_gpu_check.py
+runs it so in `make test`, so the check does not rot.
 Prints one JSON object (stamped: bench/provenance.py) and, on stderr, a line per part and the
 plan-vs-measured table. Exits 1 when a part failed.
 """
@@ -44,7 +45,7 @@ BUDGET = 570       # seconds for all parts: ten minutes with the imports and the
 BOXES = {"engine": 90, "memory": 180, "train": 180, "train_vllm": 240}   # seconds, each at most (at BUDGET)
 GPU = {"engine": QWEN3["Qwen/Qwen3-8B"], "memory": QWEN3["Qwen/Qwen3-8B"], "train": QWEN3["Qwen/Qwen3-0.6B"],
        "lengths": [4096, 8192, 16384, 32768], "requests": 8, "new_tokens": 128, "train_tokens": 32}
-TINY = ModelShape("tiny-qwen3", 2, 64, 4, 2, 16, 128, 151936, True, 4096, 4)
+TINY = ModelShape("tiny-qwen3", 2, 64, 4, 2, 16, 128, 151936, True, 4096)
 CPU = {"engine": TINY, "memory": TINY, "train": TINY, "lengths": [128, 256], "requests": 4, "new_tokens": 16,
        "train_tokens": 16}
 LORA_RANK = 64     # terminal-8b.yaml's train.policy_lora_rank
@@ -69,7 +70,7 @@ class Check:
         self.torch, self.device, self.work, self.vllm_python = torch, device, work, vllm_python
         self.cuda = device == "cuda"
         self.sizes = GPU if self.cuda else CPU
-        self.dtype = torch.bfloat16 if self.cuda else torch.float32
+        self.dtype = torch.bfloat16  # the engine's and the probe's model (the trained folder: train's dtype)
         t0 = time.monotonic()
         from obsspec.models.qwen3_standin import QWEN3_IDS, qwen3_tokenizer
 

@@ -58,7 +58,8 @@ def policy_loss_step(peft_model, tokens: int, vocab: int, device) -> float:
     attention[:, -1] = 0
     labels = ids.masked_fill(attention == 0, -100)
     labels[:, 0] = -100
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    bf16 = next(peft_model.get_base_model().parameters()).dtype == torch.bfloat16
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):  # (TRL's bf16=True)
         out = peft_model(input_ids=ids, attention_mask=attention, labels=labels, fused_lm_head=True)
     logps = out.log_probs
     mask = (labels[:, 1:] != -100).to(logps.dtype)

@@ -209,7 +209,7 @@ def run_part(check: Check, name: str, box: float) -> dict:
 def versions() -> dict:
     from importlib import metadata
 
-    found = {}
+    found = {"python": sys.version.split()[0]}
     for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "pyarrow", "tokenizers"):
         try:
             found[name] = metadata.version(name)
@@ -242,16 +242,18 @@ def main() -> int:
         p.error("--device cuda: torch sees no CUDA device here")
     os.makedirs(args.work, exist_ok=True)
     check = Check(device, os.path.abspath(args.work), args.vllm_python)
-    result = {**stamp(), "device": {"kind": device, "name": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+    gpu = device == "cuda"
+    result = {**stamp(), "device": {"kind": device, "name": torch.cuda.get_device_name(0) if gpu else "cpu",
                                     "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / GIB, 1)
-                                    if device == "cuda" else None},
+                                    if gpu else None},
               "versions": versions(), "tokenizer": check.tokenizer_info, "parts": {}}
     for name in PARTS:
         left = args.budget - (time.monotonic() - t0)
         if name not in parts:
             continue
         if left < 20:
-            result["parts"][name] = {"status": "skipped", "reason": f"the check's budget ({args.budget:.0f} s) is spent"}
+            result["parts"][name] = {"status": "skipped",
+                                     "reason": f"the check's budget ({args.budget:.0f} s) is spent"}
             continue
         result["parts"][name] = run_part(check, name, min(BOXES[name] * args.budget / BUDGET, left))
     result["wall_sec"] = round(time.monotonic() - t0, 1)

@@ -137,7 +137,7 @@ def has_vllm(python: str) -> str:
     """Why vLLM's parts cannot run with `python` ('' when they can)."""
     if not python or not os.path.exists(python):
         return f"no Python at {python or '(none)'} (servers.python; `make install-vllm`, or --vllm-python)"
-    probe = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+    probe = subprocess.run([python, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"],
                            capture_output=True)
     return "" if probe.returncode == 0 else f"{python} has no vllm package"
 

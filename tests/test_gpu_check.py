@@ -136,7 +136,7 @@ def test_the_gpu_wheels_carry_obsspecs_pins():
     pyproject = open(os.path.join(ROOT, "pyproject.toml")).read()
     pins = dict(re.findall(r'"([A-Za-z0-9_.-]+)==([^"]+)"', pyproject))
     for name in ("trl", "datasets", "transformers", "peft"):
-        assert wheels[name] == pins[name], f"make gpu-wheels takes {name} {wheels[name]}, pyproject.toml pins {pins[name]}"
+        assert wheels[name] == pins[name], f"make gpu-wheels: {name} {wheels[name]}, pyproject.toml: {pins[name]}"
     from importlib import metadata
 
     for name in ("dill", "multiprocess"):  # datasets' own needs, as installed beside it here

@@ -44,10 +44,11 @@ PARTS = ("engine", "memory", "train", "train_vllm")
 BUDGET = 570       # seconds for all parts: ten minutes with the imports and the JSON
 BOXES = {"engine": 90, "memory": 180, "train": 180, "train_vllm": 240}   # seconds, each at most (at BUDGET)
 GPU = {"engine": QWEN3["Qwen/Qwen3-8B"], "memory": QWEN3["Qwen/Qwen3-8B"], "train": QWEN3["Qwen/Qwen3-0.6B"],
-       "lengths": [4096, 8192, 16384, 32768], "requests": 8, "new_tokens": 128, "train_tokens": 32}
+       "lengths": [4096, 8192, 16384, 32768], "requests": 8, "new_tokens": 128, "train_tokens": 32,
+       "train_tasks": 2}
 TINY = ModelShape("tiny-qwen3", 2, 64, 4, 2, 16, 128, 151936, True, 4096)
-CPU = {"engine": TINY, "memory": TINY, "train": TINY, "lengths": [128, 256], "requests": 4, "new_tokens": 16,
-       "train_tokens": 16}
+CPU = {"engine": TINY, "memory": TINY, "train": TINY, "lengths": [64, 128], "requests": 4, "new_tokens": 16,
+       "train_tokens": 16, "train_tasks": 1}
 LORA_RANK = 64     # terminal-8b.yaml's train.policy_lora_rank
 INSTRUCTIONS = ["Count the lines of data/notes.txt and write the number to count.txt.",
                 "List the files under logs/ larger than 1 KB, one per line, into big.txt.",
@@ -173,7 +174,7 @@ class Check:
         shutil.rmtree(out, ignore_errors=True)  # (a run of an earlier check)
         result = gpu_train_run.train(out, folder, tasks, self.device, sandbox, deadline - time.monotonic(),
                                      vllm_python=self.vllm_python if vllm else "",
-                                     new_tokens=self.sizes["train_tokens"])
+                                     new_tokens=self.sizes["train_tokens"], tasks_per_step=self.sizes["train_tasks"])
         return {"shape": shape.name, "engine": "vllm" if vllm else "hf", "sandbox": how,
                 "setup_sec": prepared, **result}
 

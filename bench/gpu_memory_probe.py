@@ -83,7 +83,7 @@ def probe(model, shape, lora_rank: int, lengths: list[int], deadline: float, log
     peft_model.train()
     optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-6)
     set_checkpointing(peft_model, True)
-    policy_loss_step(peft_model, WARMUP_TOKENS, vocab, device)
+    policy_loss_step(peft_model, min(WARMUP_TOKENS, *lengths), vocab, device)
     optimizer.step()  # AdamW's moments now exist, as during a run
     optimizer.zero_grad(set_to_none=True)
     total_gib = torch.cuda.get_device_properties(device).total_memory / GIB if cuda else None

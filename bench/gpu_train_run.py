@@ -8,7 +8,7 @@
 Both are child processes of the CLI (`python -m obsspec ...`), as a user runs them: the recipe
 is recipes/tiny-cpu.yaml with overrides that name the folder as policy (the world model is not
 used: `train.speculative=false`), the device, a tiny task suite and two steps of 2 tasks x 2
-episodes, with a policy LoRA. The random policy writes no valid call, so every episode ends
+episodes (1 x 2 on the CPU), with a policy LoRA. The random policy writes no valid call, so every episode ends
 after its turns with reward 0 and GRPO's advantages are 0: the steps check that generation,
 the sampler check, the loss, the backward and the checkpoint run on the device, not learning.
 """
@@ -71,14 +71,15 @@ def task_suite(out: str, sandbox: list[str], timeout: float) -> str:
 
 
 def train(out: str, folder: str, tasks: str, device: str, sandbox: list[str], timeout: float,
-          vllm_python: str = "", lora_rank: int = 16, new_tokens: int = 32) -> dict:
+          vllm_python: str = "", lora_rank: int = 16, new_tokens: int = 32, tasks_per_step: int = 2) -> dict:
     """Two steps of `obsspec train` on the hf engine (or, with `vllm_python`, on a vLLM server
     that obsspec starts); the steps' metrics, the logprob check and the GPU plan it printed."""
     overrides = [f"rollout.tasks_dir={tasks}", f"policy.model={folder}", f"world_model.model={folder}",
                  f"policy.device={device}", f"world_model.device={device}", "policy.batch_invariant=false",
                  "policy.max_turns=2", f"policy.max_new_tokens={new_tokens}", "policy.max_context=2048",
                  "policy.temperature=1.0", "policy.thinking=false", "policy.tool_format=json",
-                 f"train.steps={STEPS}", "train.tasks_per_step=2", "train.group_size=2", "train.micro_batch_size=2",
+                 f"train.steps={STEPS}", f"train.tasks_per_step={tasks_per_step}", "train.group_size=2",
+                 "train.micro_batch_size=2",
                  f"train.policy_lora_rank={lora_rank}", "train.speculative=false", "train.cotrain_every=0",
                  "train.eval_tasks=0", f"train.save_steps={STEPS}", "train.report_to=none", "train.families=[]",
                  "train.warmup_steps=0", "rollout.latency.kind=none", *sandbox]

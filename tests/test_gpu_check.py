@@ -46,7 +46,7 @@ def test_the_gpu_check_runs_in_cpu_mode(tmp_path):
     assert engine["dtype"] == "bfloat16" and engine["logprob_gap_max"] < TOLERANCE and engine["logprob_gap_mean"] < 0.01
     assert engine["invariant_repeat_identical"] is True
     probes = parts["memory"]["probes"]
-    assert [(p["checkpointing"], p["tokens"]) for p in probes] == [(True, 128), (True, 256), (False, 128), (False, 256)]
+    assert [(p["checkpointing"], p["tokens"]) for p in probes] == [(True, 64), (True, 128), (False, 64), (False, 128)]
     assert all(p["result"].startswith("ran") and p["estimate_gib"] > 0 and p["measured_gib"] is None for p in probes)
     train = parts["train"]
     assert train["status"] == "ok" and train["steps"] == 2 and [m["step"] for m in train["metrics"]] == [1, 2]

@@ -46,7 +46,7 @@ BOXES = {"engine": 90, "memory": 180, "train": 180, "train_vllm": 240}   # secon
 GPU = {"engine": QWEN3["Qwen/Qwen3-8B"], "memory": QWEN3["Qwen/Qwen3-8B"], "train": QWEN3["Qwen/Qwen3-0.6B"],
        "lengths": [4096, 8192, 16384, 32768], "requests": 8, "new_tokens": 128, "train_tokens": 32,
        "train_tasks": 2}
-TINY = ModelShape("tiny-qwen3", 2, 64, 4, 2, 16, 128, 151936, True, 4096)
+TINY = ModelShape("tiny-qwen3", 2, 64, 4, 2, 32, 128, 151936, True, 4096)   # (vLLM on CPUs: head_dim >= 32)
 CPU = {"engine": TINY, "memory": TINY, "train": TINY, "lengths": [64, 128], "requests": 4, "new_tokens": 16,
        "train_tokens": 16, "train_tasks": 1}
 LORA_RANK = 64     # terminal-8b.yaml's train.policy_lora_rank

@@ -141,3 +141,15 @@ def test_the_gpu_wheels_carry_obsspecs_pins():
 
     for name in ("dill", "multiprocess"):  # datasets' own needs, as installed beside it here
         assert wheels[name] == metadata.version(name), name
+
+
+def test_the_plan_a_start_prints_is_found_in_its_log():
+    """bench/gpu_train_run.py keeps the GPU plan that `obsspec train` prints at a start on CUDA."""
+    import gpu_train_run
+    from obsspec.config import load_recipe
+    from obsspec.training.plan import Node, gpu_plan, render
+
+    text = render(gpu_plan(load_recipe(os.path.join(ROOT, "recipes", "terminal-8b.yaml")), Node(8, 80.0), 2))
+    log = f"preparing\n{text}\nstep 1/2: reward 0.000\n"
+    assert gpu_train_run.plan_lines(log) == text.splitlines() and len(text.splitlines()) > 5
+    assert gpu_train_run.plan_lines("step 1/2: reward 0.000\n") == []

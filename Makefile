@@ -11,7 +11,7 @@ VLLM_BUILD ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 VLLM_REQUIREMENTS := requirements/vllm-$(VLLM_BUILD).txt
 VLLM_STAMP := $(VLLM_VENV)/.installed$(if $(filter cpu,$(VLLM_BUILD)),,-$(VLLM_BUILD))
 
-.PHONY: install install-vllm install-podman demo test test-fast bench clean
+.PHONY: install install-vllm install-podman demo test test-fast bench gpu-wheels clean
 
 # The venv is rebuilt when pyproject.toml changes. bubblewrap (the sandbox), faketime (the
 # pinned clock inside it) and chromium (the report's headless-browser test) are Debian
@@ -69,6 +69,18 @@ test-fast: install
 
 bench: install
 	$(BIN)/python bench/sandbox_overhead.py
+
+# Wheels for the GPU check (bench/gpu_check.py, docs/GPU_CHECK.md) on a GPU machine that has PyTorch,
+# transformers, PEFT, accelerate, pandas and pyarrow but no network and no TRL: TRL, what it needs
+# beyond that, and obsspec's own pins of transformers and PEFT, for that machine's Python (GPU_PY).
+# Into .whl/ (ignored), ~16 MB; install there with pip --no-index --no-deps --target.
+GPU_PY ?= 3.12
+GPU_WHEELS := trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 transformers==5.23.0 peft==0.21.2
+gpu-wheels:
+	rm -rf .whl
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+	@du -sh .whl
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .cache

@@ -65,6 +65,7 @@ SLOW_TESTS = {
     "test_vllm_build.py::test_the_build_is_read_from_the_environments_metadata",
     "test_vllm_build.py::test_every_mismatch_is_refused_before_a_server_starts",
     "test_vllm_build.py::test_a_cuda_section_served_by_the_cpu_build_is_one_line",
+    "test_gpu_check.py::test_an_out_of_memory_step_is_reported_as_does_not_fit_beside_its_estimate",
 }
 
 

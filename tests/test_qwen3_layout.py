@@ -1,10 +1,10 @@
 """Chat fidelity: obsspec's prompt ids against Qwen3's chat template, token for token.
 
 A tokenizer with Qwen3's pre-tokenizer and its special tokens at Qwen3's ids (a small byte-level
-BPE, its vocabulary padded up to 151643) and a Jinja template written from Qwen3's documented
-layout (system + tools block, tool calls as JSON in <tool_call>, tool results as user turns in
-<tool_response>, think blocks kept after the last user query, enable_thinking's empty block),
-run through transformers' `apply_chat_template`. Where obsspec departs from the template on
+BPE, its vocabulary padded up to 151643: obsspec/models/qwen3_standin.py) and a Jinja template
+written from Qwen3's documented layout (system + tools block, tool calls as JSON in <tool_call>,
+tool results as user turns in <tool_response>, think blocks kept after the last user query,
+enable_thinking's empty block), run through transformers' `apply_chat_template`. Where obsspec departs from the template on
 purpose, the test says exactly how (docs/CHAT.md, "Against Qwen3's chat template").
 
 Run: .venv/bin/python -m pytest -q tests/test_qwen3_layout.py
@@ -12,32 +12,12 @@ Run: .venv/bin/python -m pytest -q tests/test_qwen3_layout.py
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from obsspec import chat
+from obsspec.models.qwen3_standin import QWEN3_IDS, qwen3_tokenizer
 from obsspec.tokens import EMPTY_THINK, ChatFormat
 from obsspec.tool_prompt import JSON_SYSTEM, TOOL_SCHEMAS, system_prompt
-
-# Qwen3's added tokens from 151643 on, in id order (its tokenizer_config.json); True = special.
-QWEN3_ADDED = [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-               *((f"<|{n}|>", True) for n in ("object_ref_start", "object_ref_end", "box_start", "box_end",
-                                               "quad_start", "quad_end", "vision_start", "vision_end",
-                                               "vision_pad", "image_pad", "video_pad")),
-               ("<tool_call>", False), ("</tool_call>", False),
-               *((f"<|{n}|>", False) for n in ("fim_prefix", "fim_middle", "fim_suffix", "fim_pad",
-                                                "repo_name", "file_sep")),
-               ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False)]
-FIRST_ADDED = 151643
-QWEN3_IDS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<tool_call>": 151657,
-             "</tool_call>": 151658, "<tool_response>": 151665, "</tool_response>": 151666,
-             "<think>": 151667, "</think>": 151668}
-# Qwen2/3's pre-tokenizer split (tokenizer.json): punctuation takes the newlines after it.
-QWEN3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-               r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # Written from Qwen3's documented chat format, not taken from its file.
 TEMPLATE = (
@@ -97,22 +77,7 @@ LAYOUTS = [(thinking, form) for thinking in (True, False) for form in ("xml", "j
 def tokenizer():
     corpus = [system_prompt("xml"), system_prompt("json"), INSTRUCTION, *COMMANDS, *PLAIN_BODIES, *REASONING,
               "hello\n\n(exit_code=0)\n", "(no output)\n(exit_code=1)\n", "\n\n\nx\n"] * 3
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN3_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    vocab = bpe.get_vocab()
-    # Pad the vocabulary with tokens no merge reaches, so the added tokens land at Qwen3's ids.
-    vocab.update({f"<pad{i}>": i for i in range(len(vocab), FIRST_ADDED)})
-    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
-              for m in json.loads(bpe.to_str())["model"]["merges"]]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer, tok.decoder = bpe.pre_tokenizer, decoders.ByteLevel()
-    tok.add_tokens([AddedToken(t, special=special, normalized=False) for t, special in QWEN3_ADDED])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   clean_up_tokenization_spaces=False, chat_template=TEMPLATE)
+    fast = qwen3_tokenizer(corpus, chat_template=TEMPLATE)
     assert {t: fast.convert_tokens_to_ids(t) for t in QWEN3_IDS} == QWEN3_IDS
     assert ")\n" in {fast.decode([i]) for i in range(600)}, "the seams test needs Qwen3's ')\\n' token"
     return fast

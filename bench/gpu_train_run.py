@@ -50,7 +50,8 @@ def sandbox_overrides() -> tuple[list[str], str]:
     verifier scripts run, unsandboxed where bubblewrap is missing."""
     import asyncio
 
-    from obsspec.env.sandbox import SandboxConfig, SandboxUnavailable, preflight
+    from obsspec.env.episode import preflight
+    from obsspec.env.sandbox import SandboxConfig, SandboxUnavailable
 
     for overrides, cfg in (([], SandboxConfig()),
                            (["sandbox.deterministic=false"], SandboxConfig(deterministic=False))):

@@ -60,6 +60,7 @@ class Environment:
     memory_mb: int = 0
     storage_mb: int = 0
     internet: bool = False
+    semantics: str = ""  # obsspec/env/semantics.py ('' = isolated)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,6 +246,47 @@ def argv(config, workdir: str, image: str, environment: Environment, name: str,
             inside = f"{LIBS}/{os.path.basename(host)}"
             out += ["-v", f"{host}:{inside}:ro"]
             supervisor_env = {**supervisor_env, key: inside}
+    for key, value in sorted(supervisor_env.items()):
+        out += ["--env", f"{key}={value}"]
+    return out + [image, "--noprofile", "--norc", "-c", script]
+
+
+# Harbor semantics: the agent's capabilities are Docker's default set and NET_ADMIN (its own
+# network namespace); the harness (PID 1) holds SYS_ADMIN on top to make the agent's and the
+# verifier's namespaces (scripts/world.py keeps the same list for the agent).
+AGENT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+              "NET_BIND_SERVICE", "NET_ADMIN", "NET_RAW", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP")
+HARBOR_DIR = "/run/obsspec"  # the harness's mounts: upper (the agent's changes), verify
+HARNESS_PROCS = 64  # processes the harness may start beyond the agent's max_procs
+
+
+def harbor_argv(config, workdir: str, image: str, environment: Environment, name: str,
+                supervisor_env: dict[str, str], script: str, uid_base: int | None) -> list[str]:
+    """`podman run` for an episode with Harbor semantics (scripts/supervisor_harbor.sh): the
+    image's root read-only (the harness's pristine tools; the agent writes to an overlay on a
+    tmpfs of the task's storage size), root in a user namespace of its own host range
+    (`uid_base`; a non-root harness gets podman's rootless one), no no-new-privileges (setuid
+    programs of the image work, as in Docker)."""
+    memory_mb = environment.memory_mb or config.memory_mb
+    storage_mb = environment.storage_mb or config.workspace_mb
+
+    def tmpfs(path: str, mb: int, mode: str = "0755") -> list[str]:
+        return ["--tmpfs", f"{path}:rw,exec,suid,nodev,size={mb}m,mode={mode}"]
+
+    out = [check_podman(), "run", "-i", "--rm", "--name", name, "--label", f"{LABEL}=1",
+           "--label", f"{OWNER_LABEL}={owner()}", "--pull=never", "--log-driver=none",
+           "--entrypoint", SUPERVISOR, "--user", "0:0", "--passwd=false", "--hostname", config.hostname,
+           "--no-hosts", "--read-only", "--read-only-tmpfs=false", "--cap-drop=all",
+           *(f"--cap-add={cap}" for cap in (*AGENT_CAPS, "SYS_ADMIN")), "--workdir", "/",
+           "--memory", f"{memory_mb}m", "--memory-swap", f"{memory_mb}m",
+           "--pids-limit", str(config.max_procs + HARNESS_PROCS), "--cpus", f"{environment.cpus or 1:g}",
+           "--network", "slirp4netns" if environment.internet else "none",
+           *tmpfs(STATE_DIR, HARNESS_TMPFS_MB, "0700"), *tmpfs(HARBOR_DIR, 1, "0700"),
+           *tmpfs(f"{HARBOR_DIR}/upper", storage_mb),
+           *tmpfs(f"{HARBOR_DIR}/verify", config.tmp_mb, "0700"),
+           "--security-opt", f"seccomp={seccomp_profile()}"]
+    if uid_base is not None:
+        out += ["--uidmap", f"0:{uid_base}:65536", "--gidmap", f"0:{uid_base}:65536"]
     for key, value in sorted(supervisor_env.items()):
         out += ["--env", f"{key}={value}"]
     return out + [image, "--noprofile", "--norc", "-c", script]

@@ -36,6 +36,7 @@ import math
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import tempfile
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 from obsspec.env import bwrap, images, podman
 from obsspec.fields import doc
 from obsspec.chat import capture_bytes_for
+from obsspec.env.semantics import HARBOR
 from obsspec.env.task import check_workdir
 
 
@@ -203,7 +205,8 @@ class Sandbox:
     async def start(self, files: dict[str, str] | None = None, setup: str = "") -> None:
         """Start the shell, write `files` into the workspace and run `setup` there."""
         cfg = self.config
-        if cfg.deterministic and not bwrap.faketime_lib():
+        harbor = self.environment is not None and self.environment.semantics == HARBOR
+        if cfg.deterministic and not harbor and not bwrap.faketime_lib():
             # (without it the pinned clock would silently be the real one)
             raise SandboxUnavailable("sandbox.deterministic needs libfaketime: run `sudo apt-get install "
                                      "faketime` (or `make install`), or set sandbox.deterministic=false")
@@ -269,6 +272,8 @@ class Sandbox:
             image = images.ensure_image(environment, self.workdir, bwrap.etc_files(cfg.hostname))
         except podman.PodmanMissing as e:
             raise SandboxUnavailable(str(e)) from None
+        if environment.semantics == HARBOR:
+            return self._harbor_argv(image, environment)
         memory_mb = environment.memory_mb or cfg.memory_mb
         # Process limits are the container's pids cgroup: every container runs as the same host
         # uid, so a per-uid RLIMIT_NPROC would count the processes of every episode together.
@@ -277,6 +282,30 @@ class Sandbox:
         self.container = podman.container_name()
         return podman.argv(cfg, self.workdir, image, environment, self.container, env,
                            bwrap.next_cpu() if cfg.deterministic else None, bwrap.script("supervisor.sh"))
+
+    def _harbor_argv(self, image: str, environment: podman.Environment) -> list[str]:
+        """`podman run` for Harbor semantics (obsspec/env/semantics.py): the image's own user,
+        entrypoint and environment; a host uid range of its own when the harness is root."""
+        cfg, config = self.config, images.image_config(image)
+        if os.geteuid() == 0:
+            try:
+                self._uid = bwrap.HostUid(base=bwrap.HOST_RANGE_BASE, slots=bwrap.HOST_RANGE_SLOTS,
+                                          size=bwrap.HOST_RANGE_SIZE)
+            except OSError as e:
+                raise SandboxUnavailable(f"cannot give the container a host uid range of its own: {e}") from None
+        env = {"OBSSPEC_WORKDIR": self.workdir, "OBSSPEC_STATE_DIR": bwrap.STATE_DIR,
+               "OBSSPEC_MAX_PROCS": str(cfg.max_procs),
+               "OBSSPEC_HARNESS_PROCS": str(cfg.max_procs + podman.HARNESS_PROCS),
+               "OBSSPEC_USER": config["user"], "OBSSPEC_IMAGE_WORKDIR": config["workdir"],
+               "OBSSPEC_ENTRYPOINT": shlex.join(config["entrypoint"] + config["cmd"]),
+               "OBSSPEC_INTERNET": "1" if environment.internet else "0",
+               # (the runner's: no pinned clock, no preloaded library)
+               "OBSSPEC_DETERMINISTIC": "0", "OBSSPEC_FAKETIME_LIB": "", "OBSSPEC_STDBUF_LIB": ""}
+        env.update({f"OBSSPEC_{name.upper()}": bwrap.script(f"{name}.{ext}") for name, ext in
+                    (("runner", "sh"), ("janitor", "py"), ("relay", "py"), ("world", "py"))})
+        self.container = podman.container_name()
+        return podman.harbor_argv(cfg, self.workdir, image, environment, self.container, env,
+                                  bwrap.script("supervisor_harbor.sh"), self._uid and self._uid.uid)
 
     async def close(self) -> None:
         """Kill every process of the episode and free its files. Safe to call twice.

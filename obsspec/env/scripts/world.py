@@ -38,10 +38,12 @@ import os
 import platform
 import pwd
 import resource
+import select
 import shlex
 import signal
 import stat
 import sys
+import time
 
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
@@ -66,6 +68,7 @@ NOT_CARRIED = {"proc", "sys", "dev", "tests", "logs",
 # podman's masked and read-only /proc paths, put back on the agent's fresh /proc
 PROC_MASKED = ("acpi", "kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug", "scsi")
 PROC_READONLY = ("asound", "bus", "fs", "irq", "sys", "sysrq-trigger")
+SETTLE_S = 3.0  # longest the agent's first command waits for the image's service to listen
 
 
 def check(result: int, what: str) -> int:
@@ -236,7 +239,14 @@ def serve(env: dict, workdir: str) -> None:
     signal.signal(signal.SIGUSR1, interrupt)
     entrypoint = shlex.split(os.environ.get("OBSSPEC_ENTRYPOINT", ""))
     if entrypoint:
-        start(entrypoint, env, os.environ.get("OBSSPEC_IMAGE_WORKDIR") or "/", stdin=None)
+        before = listening()
+        pid = start(entrypoint, env, os.environ.get("OBSSPEC_IMAGE_WORKDIR") or "/", stdin=None)
+        # A service the image starts gets a moment to open its socket before the agent's first
+        # command (in Harbor the agent's first model call gives it seconds): until it listens,
+        # exits, or SETTLE_S pass.
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline and pid not in reaped and listening() <= before:
+            select.select([], [], [], 0.02)
     os.write(4, b"ready\n")
     requests = os.fdopen(3, "rb", buffering=0)
     while True:
@@ -266,6 +276,23 @@ def serve(env: dict, workdir: str) -> None:
         rc = os.waitstatus_to_exitcode(status)
         os.write(4, f"{nonce} {rc if rc >= 0 else 128 - rc}\n".encode())
         reaped.clear()
+
+
+def listening() -> int:
+    """How many sockets listen in this network namespace (TCP, and unix ones accepting)."""
+    count = 0
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/net/{name}") as f:
+                count += sum(line.split()[3] == "0A" for line in list(f)[1:])
+        except OSError:
+            pass
+    try:
+        with open("/proc/net/unix") as f:
+            count += sum(line.split()[3] == "00010000" for line in list(f)[1:])
+    except OSError:
+        pass
+    return count
 
 
 def start(argv: list[str], env: dict, cwd: str | None, stdin: bytes | None) -> int:

@@ -395,6 +395,11 @@ def test_a_reward_file_written_before_the_verifier_was_killed_does_not_count():
     task = _harbor("bash /app/check.sh; echo 0 > /logs/verifier/reward.txt\n")
     attack = "printf 'echo 1 > /logs/verifier/reward.txt; kill -USR1 1; sleep 30\\n' > /app/check.sh"
     assert reward(task, [attack]) == 0.0, "a reward planted by a killed verifier's child counted"
+    # 58, reproduced (reward 1 on both backends): the same code kills the shell running test.sh
+    # (`kill -9 -1`, or its parent): nobody interrupted the run, but it ended by a signal
+    for kill in ("kill -9 -1", "kill -9 $PPID"):
+        attack = f"printf 'echo 1 > /logs/verifier/reward.txt; {kill}\\n' > /app/check.sh"
+        assert reward(task, [attack]) == 0.0, f"a reward planted before `{kill}` counted"
     honest = _harbor("echo 1 > /logs/verifier/reward.txt\n")
     assert reward(honest, []) == 1.0, "an uninterrupted Harbor verifier's reward file was ignored"
 

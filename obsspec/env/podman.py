@@ -258,6 +258,7 @@ AGENT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SE
               "NET_BIND_SERVICE", "NET_ADMIN", "NET_RAW", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP")
 HARBOR_DIR = "/run/obsspec"  # the harness's mounts: upper (the agent's changes), verify
 HARNESS_PROCS = 64  # processes the harness may start beyond the agent's max_procs
+HARNESS_MEMORY_MB = 256  # memory the agent's storage leaves to the harness and the verifier
 
 
 def harbor_argv(config, workdir: str, image: str, environment: Environment, name: str,
@@ -268,7 +269,9 @@ def harbor_argv(config, workdir: str, image: str, environment: Environment, name
     (`uid_base`; a non-root harness gets podman's rootless one), no no-new-privileges (setuid
     programs of the image work, as in Docker)."""
     memory_mb = environment.memory_mb or config.memory_mb
-    storage_mb = environment.storage_mb or config.workspace_mb
+    # The agent's writes are a tmpfs charged to the container's memory: filled, it must leave the
+    # harness (PID 1, the relay, the janitor, the verifier) room to work, so it is capped there.
+    storage_mb = min(environment.storage_mb or config.workspace_mb, max(64, memory_mb - HARNESS_MEMORY_MB))
 
     def tmpfs(path: str, mb: int, mode: str = "0755") -> list[str]:
         return ["--tmpfs", f"{path}:rw,exec,suid,nodev,size={mb}m,mode={mode}"]

@@ -378,9 +378,12 @@ class Sandbox:
             raise SandboxError(f"could not write the verifier's files: {_tail(untar)}")
         limit = min(timeout_s or cfg.timeout_s * 4, cfg.max_verify_s)
         result = await self._request("verify", _encode(script), clock, limit)
-        if reward_file:
-            written = await self._request("reward", b"", clock, 30)
-            if written.exit_code == 0:
+        harbor = self.environment is not None and self.environment.semantics == HARBOR
+        if reward_file or harbor:  # (Harbor semantics: the janitor looks again after the verifier)
+            written = await self._request("reward", b"", clock, RESET_TIMEOUT_S if harbor else 30)
+            if written.exit_code == TAMPERED:
+                return 0.0
+            if reward_file and written.exit_code == 0:
                 try:
                     value = float(written.output.decode("ascii", "replace").strip())
                 except ValueError:

@@ -30,12 +30,13 @@
 # Usage (stdin: the NUL-separated paths / held before the agent's first command):
 #   python3 -I -c "$OBSSPEC_JANITOR" sandboxed|container|host TESTS LOGS STATE WORKDIR HOME
 # (container: sandboxed in a podman container, whose / is read-only: nothing there to sweep)
-#   python3 -I -c "$OBSSPEC_JANITOR" harbor UPPER ROOT
+#   python3 -I -c "$OBSSPEC_JANITOR" harbor UPPER ROOT before|after
 # (Harbor semantics: the agent owns its whole root ROOT, an overlay whose upper dir UPPER holds
 # everything it changed; the verifier's /tests and /logs are its own, out of the agent's sight.
 # Only the links remain to undo: every link the agent made that leads the verifier into /tests,
 # /logs or /proc (also through /dev/fd, /dev/stdin) is removed, resolved as the verifier's view
-# resolves it, with ROOT as its /.)
+# resolves it, with ROOT as its /. Agent processes live on while the verifier runs, so the sweep
+# runs again `after` it: a link found then was made meanwhile, and the episode scores 0.)
 
 import errno
 import fcntl
@@ -310,9 +311,11 @@ def reaches_in(here_fd: int, name: str, root_fd: int) -> bool:
         os.close(here)
 
 
-def harbor(upper: str, root: str) -> None:
+def harbor(upper: str, root: str, when: str = "before") -> None:
     """Remove every link under UPPER (what the agent made) that reaches_in() its root; the
-    link is removed through ROOT, the agent's merged view, at the same place."""
+    link is removed through ROOT, the agent's merged view, at the same place. `after` the
+    verifier, finding one is itself the problem: a live agent process made it while the
+    verifier ran (it may have read its own file through it)."""
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
     os.chdir(upper)
     dev = os.lstat(".").st_dev
@@ -332,6 +335,8 @@ def harbor(upper: str, root: str) -> None:
             if stat.S_ISLNK(st.st_mode):
                 if reaches_in(merged[-1], child, root_fd):
                     os.unlink(child, dir_fd=merged[-1])
+                    if when == "after":
+                        problems.append(f"a link into the verifier's files appeared while it ran: {child}")
             elif stat.S_ISDIR(st.st_mode) and st.st_dev == dev:
                 step = os.open(child, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=merged[-1])
                 os.chdir(child)

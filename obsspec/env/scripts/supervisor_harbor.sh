@@ -70,7 +70,7 @@ while IFS=' ' read -r op nonce nbytes arg; do
       # The verifier's area starts empty; the agent's links into /tests, /logs and /proc go
       # (rc 4: something could not be undone, scored 0; rc 5: the janitor could not run).
       find "$W" -mindepth 1 -delete && mkdir -p "$W/tests" "$W/logs/verifier" || { printf '\0%s %d\0' "$nonce" 5; continue; }
-      python3 -I -c "$OBSSPEC_JANITOR" harbor "$U/u" "$R" </dev/null 2>&1
+      python3 -I -c "$OBSSPEC_JANITOR" harbor "$U/u" "$R" before </dev/null 2>&1
       rc=$?
       [ "$rc" = 0 ] || [ "$rc" = 4 ] || rc=5
       printf '\0%s %d\0' "$nonce" "$rc"
@@ -83,14 +83,18 @@ while IFS=' ' read -r op nonce nbytes arg; do
       wait "$vpid"; rc=$?
       while [ "$__interrupted" = 1 ] && kill -0 "$vpid" 2>/dev/null; do wait "$vpid"; rc=$?; done
       __busy=""
-      # (an interrupted run is judged by its exit status: code of the agent's that the verifier
-      # ran could have written the reward file and then made the run time out)
-      [ "$__interrupted" = 0 ] && __verified=1
+      # (an interrupted run, or one that ended by a signal, is judged by its exit status: code of
+      # the agent's that the verifier ran could have written the reward file and then made the
+      # run time out, or killed the shell running test.sh)
+      [ "$__interrupted" = 0 ] && [ "$rc" -lt 128 ] && __verified=1
       printf '\0%s %d\0' "$nonce" "$rc"
       continue ;;
     reward)
+      # Agent processes lived on while the verifier ran: a link into its files made meanwhile
+      # (found by the janitor's second sweep) taints the verdict: rc 4, scored 0.
       rc=3 f=$W/logs/verifier/reward.txt
-      if [ "$__verified" = 1 ] && [ -f "$f" ] && [ ! -L "$f" ]; then head -c 64 -- "$f"; rc=0; fi
+      if ! python3 -I -c "$OBSSPEC_JANITOR" harbor "$U/u" "$R" after </dev/null >/dev/null 2>&1; then rc=4
+      elif [ "$__verified" = 1 ] && [ -f "$f" ] && [ ! -L "$f" ]; then head -c 64 -- "$f"; rc=0; fi
       printf '\0%s %d\0' "$nonce" "$rc"
       continue ;;
     *) printf '\0%s %d\0' "$nonce" 2; continue ;;

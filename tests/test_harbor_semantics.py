@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import podman_missing
-from obsspec.env.episode import run_scripted, start_sandbox, verify_task
+from obsspec.env.episode import run_scripted, start_sandbox
 from obsspec.env.harbor import import_harbor
 from obsspec.env.sandbox import SandboxConfig
 from obsspec.env.task import Task

@@ -26,6 +26,7 @@ import json
 import os
 import resource
 import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,7 @@ import threading
 from dataclasses import dataclass, field
 
 from obsspec.env import seccomp
-from obsspec.env.bwrap import HARNESS_TMPFS_MB, SHM_MB, STATE_DIR
+from obsspec.env.bwrap import HARNESS_TMPFS_MB, SHM_MB, STATE_DIR, script
 
 LABEL = "obsspec.episode"
 OWNER_LABEL = "obsspec.owner"  # 'PID:START' of the harness process that started the container
@@ -293,6 +294,22 @@ def harbor_argv(config, workdir: str, image: str, environment: Environment, name
     for key, value in sorted(supervisor_env.items()):
         out += ["--env", f"{key}={value}"]
     return out + [image, "--noprofile", "--norc", "-c", script]
+
+
+def harbor_env(config, workdir: str, image: dict, internet: bool) -> dict[str, str]:
+    """PID 1's environment for Harbor semantics (what podman adds to the image's own `ENV`): the
+    scripts it runs, the limits, and what `docker run` would do with the image (`image`:
+    images.image_config)."""
+    env = {"OBSSPEC_WORKDIR": workdir, "OBSSPEC_STATE_DIR": STATE_DIR,
+           "OBSSPEC_MAX_PROCS": str(config.max_procs), "OBSSPEC_HARNESS_PROCS": str(config.max_procs + HARNESS_PROCS),
+           "OBSSPEC_USER": image["user"], "OBSSPEC_IMAGE_WORKDIR": image["workdir"],
+           "OBSSPEC_ENTRYPOINT": shlex.join(image["entrypoint"] + image["cmd"]),
+           "OBSSPEC_INTERNET": "1" if internet else "0",
+           # (the runner's: no pinned clock, no preloaded library)
+           "OBSSPEC_DETERMINISTIC": "0", "OBSSPEC_FAKETIME_LIB": "", "OBSSPEC_STDBUF_LIB": ""}
+    env.update({f"OBSSPEC_{name.upper()}": script(f"{name}.{ext}") for name, ext in
+                (("runner", "sh"), ("janitor", "py"), ("relay", "py"), ("world", "py"))})
+    return env
 
 
 def host_pid(name: str) -> int:

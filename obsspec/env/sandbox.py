@@ -36,7 +36,6 @@ import math
 import os
 import re
 import secrets
-import shlex
 import shutil
 import signal
 import tempfile
@@ -293,16 +292,7 @@ class Sandbox:
                                           size=bwrap.HOST_RANGE_SIZE)
             except OSError as e:
                 raise SandboxUnavailable(f"cannot give the container a host uid range of its own: {e}") from None
-        env = {"OBSSPEC_WORKDIR": self.workdir, "OBSSPEC_STATE_DIR": bwrap.STATE_DIR,
-               "OBSSPEC_MAX_PROCS": str(cfg.max_procs),
-               "OBSSPEC_HARNESS_PROCS": str(cfg.max_procs + podman.HARNESS_PROCS),
-               "OBSSPEC_USER": config["user"], "OBSSPEC_IMAGE_WORKDIR": config["workdir"],
-               "OBSSPEC_ENTRYPOINT": shlex.join(config["entrypoint"] + config["cmd"]),
-               "OBSSPEC_INTERNET": "1" if environment.internet else "0",
-               # (the runner's: no pinned clock, no preloaded library)
-               "OBSSPEC_DETERMINISTIC": "0", "OBSSPEC_FAKETIME_LIB": "", "OBSSPEC_STDBUF_LIB": ""}
-        env.update({f"OBSSPEC_{name.upper()}": bwrap.script(f"{name}.{ext}") for name, ext in
-                    (("runner", "sh"), ("janitor", "py"), ("relay", "py"), ("world", "py"))})
+        env = podman.harbor_env(cfg, self.workdir, config, environment.internet)
         self.container = podman.container_name()
         return podman.harbor_argv(cfg, self.workdir, image, environment, self.container, env,
                                   bwrap.script("supervisor_harbor.sh"), self._uid and self._uid.uid)

@@ -27,6 +27,8 @@ def test_heredoc_bodies_are_attached_and_never_read_as_instructions():
     doc = parsed[1].heredocs[0]
     assert (doc.name, doc.quoted, doc.strip_tabs, doc.body()) == ("EOF", True, False, "FROM evil:1\nWORKDIR /x\n")
     assert from_lines(text) == [("debian:12", "")], "a heredoc body's FROM was taken for a stage"
+    spaced = "FROM debian:12\nRUN cat > /app.py << 'PY'\nfrom flask import Flask\nPY\n"
+    assert from_lines(spaced) == [("debian:12", "")], "`<< 'PY'` (a blank after <<) opened no heredoc"
 
 
 @pytest.mark.parametrize("text, script", [
@@ -35,6 +37,8 @@ def test_heredoc_bodies_are_attached_and_never_read_as_instructions():
     ("RUN cat <<EOF > /f\nhello $HOME\nEOF\n", "cat <<EOF > /f\nhello $HOME\nEOF\n"),
     ("RUN cat <<-EOF > /f\n\tindented\n\tEOF\n", "cat <<-EOF > /f\n\tindented\n\tEOF\n"),
     ("RUN <<EOF bash\necho $0\nEOF\n", "<<EOF bash\necho $0\nEOF\n"),
+    # blanks after << (BuildKit's lexer keeps them in the word; generated tasks write it so)
+    ("RUN cat > /app.py << 'EOF'\nfrom flask import Flask\nEOF\n", "cat > /app.py << 'EOF'\nfrom flask import Flask\nEOF\n"),
     # the heredoc is the command: its body is the script
     ("RUN <<EOF\napt-get update\necho done\nEOF\n", "apt-get update\necho done\n"),
     ("RUN <<-\"EOF\"\n\techo tab\n\tEOF\n", "echo tab\n"),

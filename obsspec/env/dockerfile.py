@@ -4,7 +4,8 @@
         print(ins.keyword, ins.args)
     text, files = translate_heredocs(text)           # what buildah 1.28 (Debian 12's podman) can build
 
-BuildKit reads here-documents in RUN, COPY and ADD (`RUN cat <<'EOF' > f` ... `EOF`); Debian 12's
+BuildKit reads here-documents in RUN, COPY and ADD (`RUN cat <<'EOF' > f` ... `EOF`, also with
+blanks after `<<` or a descriptor before it, as its lexer reads them); Debian 12's
 podman 4.3.1 (buildah 1.28) cannot parse them: the body lines are read as instructions and the
 build fails. `translate_heredocs` rewrites each such instruction into one the old parser reads,
 with the meaning BuildKit gives it (moby/buildkit, dockerfile2llb `dispatchRun`):
@@ -127,26 +128,28 @@ def instructions(text: str) -> list[Instruction]:
 
 
 def _heredoc_words(args: str) -> list[tuple[str, bool, bool]]:
-    """(name, quoted, strip_tabs) of every word of `args` that opens a heredoc, in order: a word
-    starting with `<<` (not `<<<`) outside quotes, as BuildKit's parser finds them."""
+    """(name, quoted, strip_tabs) of every word of `args` that opens a heredoc, in order, as
+    BuildKit's parser finds them: a word `[N]<<[-][ ]WORD` outside quotes (not `<<<`; BuildKit's
+    lexer keeps the blanks after `<<` in the word, so `<< 'EOF'` opens one)."""
     found = []
     for word in _words(args):
-        if not word.startswith("<<") or word.startswith("<<<"):
+        m = re.fullmatch(r"(\d*)<<(-?)\s*([^<]+)", word, re.S)
+        if not m:
             continue
-        rest = word[2:]
-        strip = rest.startswith("-")
-        rest = rest[1:] if strip else rest
-        quoted = len(rest) >= 2 and rest[0] in "'\"" and rest[-1] == rest[0]
-        name = rest[1:-1] if quoted else rest
-        if re.fullmatch(r"[A-Za-z0-9_.\-]+", name or ""):
-            found.append((name, quoted, strip))
+        rest = m.group(3)
+        name = re.sub(r"""(?<!\\)['"]""", "", rest).replace("\\'", "'").replace('\\"', '"')
+        if name and not any(c.isspace() for c in name):
+            found.append((name, name != rest, m.group(2) == "-"))
     return found
 
 
 def _words(text: str) -> list[str]:
-    """Shell-like words (quotes kept, not interpreted), enough to find heredoc openers."""
+    """Shell-like words (quotes kept, not interpreted), enough to find heredoc openers; the
+    blanks after an unquoted `<<` stay in its word, as in BuildKit's lexer."""
     words, word, quote = [], "", ""
-    for ch in text:
+    i = 0
+    while i < len(text):
+        ch = text[i]
         if quote:
             word += ch
             if ch == quote:
@@ -154,12 +157,23 @@ def _words(text: str) -> list[str]:
         elif ch in "'\"":
             word += ch
             quote = ch
+        elif ch == "<" and text.startswith("<<", i) and not text.startswith("<<<", i):
+            word += "<<"
+            i += 2
+            if i < len(text) and text[i] == "-":
+                word += "-"
+                i += 1
+            while i < len(text) and text[i] in " \t":
+                word += text[i]
+                i += 1
+            continue
         elif ch.isspace():
             if word:
                 words.append(word)
             word = ""
         else:
             word += ch
+        i += 1
     if word:
         words.append(word)
     return words
@@ -207,7 +221,7 @@ def translate_heredocs(text: str) -> tuple[str, dict[str, str]]:
                 rel = f"{CONTEXT_DIR}/{len(files)}/{doc.name}"
                 files[rel] = doc.body()
                 sources.append(rel)
-            rest = [w for w in _words(command) if not w.startswith("<<")]
+            rest = [w for w in _words(command) if not re.match(r"\d*<<", w)]
             if not rest:
                 raise Untranslatable(f"{ins.keyword} heredoc without a destination")
             out.append(f"{ins.keyword} {flags}{json.dumps([*sources, *rest])}\n")
@@ -227,7 +241,7 @@ def _split_flags(args: str) -> tuple[str, str]:
 
 def _run_script(command: str, heredocs: list[Heredoc]) -> str:
     """The script BuildKit gives the shell for a RUN with heredocs."""
-    only = re.fullmatch(r"<<-?(['\"]?)[A-Za-z0-9_.\-]+\1", command.strip())
+    only = len(_words(command)) == 1 and re.fullmatch(r"\d*<<-?\s*\S+", command.strip())
     if only and len(heredocs) == 1:
         body = heredocs[0].body()
         if not body.startswith("#!"):

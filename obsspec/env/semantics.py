@@ -34,7 +34,8 @@ BEHAVES = {
         "the image's ENTRYPOINT/CMD starts with the episode, as `docker run IMAGE` would start it",
         "the agent is the image's USER: root in the container's user namespace (no host privileges) "
         "unless the Dockerfile names another user; the image's filesystem is writable",
-        "agent and verifier share one HOME and the real clock (sleeps, waits and timeouts work)",
+        "agent and verifier share the real clock (sleeps, waits and timeouts work) and, the verifier "
+        "running as root as in Harbor, root's HOME (one HOME unless the image names another USER)",
         "file times are left as the kernel sets them",
     ),
 }

@@ -27,7 +27,8 @@
 #   (ld.so.*, alternatives, python3*), which are the image's; /tests and /logs are WORK/tests and
 #   WORK/logs, which no agent process ever sees; /proc is the container's (the verifier sees the
 #   agent's processes; it cannot signal them, being in a PID namespace below). The script runs
-#   with bash --noprofile --norc as the image's USER, HOME shared with the agent.
+#   with bash --noprofile --norc as root, as Harbor runs its verifiers (with root's HOME: the
+#   agent's too unless the image names another USER), with the agent's capabilities.
 # Everything is loaded before the new root is entered: nothing of the agent's is executed or
 # imported by this process (the final exec is of the image's own bash, through its own loader).
 
@@ -353,7 +354,6 @@ def read_exact(f, n: int) -> bytes:
 
 
 def verifier(root: str, work: str, workdir: str) -> None:
-    user = os.environ.get("OBSSPEC_USER", "")
     new_namespaces()
     view = f"{work}/root"
     os.makedirs(view, exist_ok=True)
@@ -390,7 +390,7 @@ def verifier(root: str, work: str, workdir: str) -> None:
         os.mkdir(f"{view}/{name}")
         bind(wfd, name, f"{view}/{name}")
     enter(view)
-    env = environment(become(user))
+    env = environment(become("root"))  # (Harbor runs its verifiers as root, whatever the image's USER)
     env.update(PYTHONNOUSERSITE="1", PYTHONSAFEPATH="1")
     try:
         os.chdir(workdir)

@@ -4,7 +4,8 @@ took a second or more on 2 cores. Add a test here when `make test`'s slowest lis
 
 import pytest
 
-SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py"}
+SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py",
+              "test_harbor_semantics.py", "test_harbor_trust.py"}  # (every test starts containers)
 SLOW_TESTS = {
     "test_cli.py::test_prepare_tasks_is_reproducible_and_loadable",
     "test_engines.py::test_engine_with_a_prefix_cache_drafts_exactly_as_without",
@@ -52,6 +53,8 @@ SLOW_TESTS = {
     "test_podman.py::test_the_first_container_of_a_process_removes_those_whose_harness_is_dead",
     "test_podman.py::test_every_builtin_family_validates_in_a_container",
     "test_podman.py::test_speculation_is_lossless_on_container_tasks",
+    "test_dockerfile.py::test_a_translated_dockerfile_builds_with_buildkits_meaning",
+    "test_dockerfile.py::test_without_the_translation_this_podman_cannot_build_a_heredoc",
 }
 
 

@@ -21,8 +21,8 @@
 #   service, as `docker run IMAGE` starts it, its output discarded.
 #   No process in this world can see the harness (PID 1, the relay, the verifier) or its files.
 # verifier: a mount and PID namespace of its own whose root is built here, in WORK/root: every top
-#   entry of ROOT (the agent's files, live) bound in by file handle (an agent's symlink is copied,
-#   never followed), except the system directories (/usr, /bin, /sbin, /lib*), which are the
+#   entry of ROOT (the agent's files, live) bound in through a handle (an agent's symlink is
+#   copied, never followed), except the system directories (/usr, /bin, /sbin, /lib*), which are the
 #   image's own with a private writable layer, and /etc's loader and interpreter settings
 #   (ld.so.*, alternatives, python3*), which are the image's; /tests and /logs are WORK/tests and
 #   WORK/logs, which no agent process ever sees; /proc is the container's (the verifier sees the
@@ -51,11 +51,8 @@ CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
 MS_REC, MS_PRIVATE = 16384, 1 << 18
 MNT_DETACH = 2
-OPEN_TREE_CLONE, AT_RECURSIVE, AT_SYMLINK_NOFOLLOW, AT_EMPTY_PATH = 1, 0x8000, 0x100, 0x1000
-MOVE_MOUNT_F_EMPTY_PATH = 4
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
-NR = {"x86_64": {"pivot_root": 155, "open_tree": 428, "move_mount": 429},
-      "aarch64": {"pivot_root": 41, "open_tree": 428, "move_mount": 429}}[platform.machine()]
+NR = {"x86_64": {"pivot_root": 155}, "aarch64": {"pivot_root": 41}}[platform.machine()]
 # The agent's capabilities: Docker's default set (what Harbor's containers have) and NET_ADMIN
 # over the container's own network namespace (iptables); the harness holds SYS_ADMIN on top, so
 # no agent process may trace or inspect it (the kernel wants the tracer's capabilities to cover
@@ -85,12 +82,14 @@ def mount(src, target, fstype, flags: int, data=None) -> None:
 
 
 def bind(dirfd: int, name: str, target: str, recursive: bool = False) -> None:
-    """Bind `name` (relative to dirfd, never following a symlink) onto `target`."""
-    flags = OPEN_TREE_CLONE | AT_SYMLINK_NOFOLLOW | (AT_RECURSIVE if recursive else 0)
-    fd = check(libc.syscall(NR["open_tree"], dirfd, name.encode(), flags), f"open_tree {name}")
+    """Bind `name` (relative to dirfd) onto `target`: through a handle opened without following
+    a symlink, so that what is bound is the entry that was looked at, whatever its path has
+    become since."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW, dir_fd=dirfd)
     try:
-        check(libc.syscall(NR["move_mount"], fd, b"", -100, target.encode(), MOVE_MOUNT_F_EMPTY_PATH),
-              f"move_mount {target}")
+        if stat.S_ISLNK(os.fstat(fd).st_mode):
+            raise OSError(errno.ELOOP, f"{name} became a symlink")
+        mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | (MS_REC if recursive else 0))
     finally:
         os.close(fd)
 

@@ -136,7 +136,10 @@ _pulls: dict[str, str] = {}  # image name -> why it could not be pulled ('' = pu
 
 
 def unavailable(name: str) -> str:
-    """Why image `name` cannot be had ('' = it is local, or a registry gave it now)."""
+    """Why image `name` cannot be had ('' = it is local, or a registry gave it now). Asked once
+    per name and process: an import of thousands of tasks on one base asks podman once."""
+    if _pulls.get(name):
+        return _unavailable_text(name)
     if shutil.which("podman") is not None and image_exists(name):
         return ""
     if shutil.which("podman") is None:
@@ -145,11 +148,13 @@ def unavailable(name: str) -> str:
         done = podman("pull", "--quiet", name, timeout=BUILD_TIMEOUT_S)
         lines = (done.stdout or "").strip().splitlines()
         _pulls[name] = "" if done.returncode == 0 else (lines[-1][:300] if lines else f"exit {done.returncode}")
-    if _pulls[name]:
-        return (f"base image {name} is not here and could not be pulled ({_pulls[name]}); without a "
-                f"registry only debian:bookworm, debian:bookworm-slim and debian:12 (built locally as "
-                f"{BASE_IMAGE}) or images already in podman can be used")
-    return ""
+    return _unavailable_text(name) if _pulls[name] else ""
+
+
+def _unavailable_text(name: str) -> str:
+    return (f"base image {name} is not here and could not be pulled ({_pulls[name]}); without a "
+            f"registry only debian:bookworm, debian:bookworm-slim and debian:12 (built locally as "
+            f"{BASE_IMAGE}) or images already in podman can be used")
 
 
 def from_names(text: str) -> list[tuple[str, str]]:

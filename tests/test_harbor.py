@@ -302,3 +302,34 @@ def test_executable_files_stay_executable(tmp_path):
     assert reward == 1.0, "test.sh could not execute /tests/check.sh directly"
     plain = import_harbor(make_task(tmp_path, "plain")).tasks[0]
     assert "chmod" not in plain.verify and plain.setup == "", "nothing executable, nothing added"
+
+
+def test_a_suite_line_with_unknown_semantics_is_one_clear_error(tmp_path):
+    import json
+
+    from obsspec.env.suite import SuiteError, load_tasks
+
+    line = {**tasks_by_id()["harbor-hello-file"].to_dict(), "semantics": "root"}
+    (tmp_path / "train.jsonl").write_text(json.dumps(line) + "\n")
+    with pytest.raises(SuiteError, match="train.jsonl:1: not a task: semantics must be one of isolated, harbor"):
+        load_tasks(str(tmp_path))
+
+
+def test_a_missing_base_is_asked_for_once_however_many_tasks_use_it(tmp_path, monkeypatch):
+    """Importing thousands of tasks on one base that cannot be had: one look and one pull."""
+    from obsspec.env import images
+
+    calls = []
+    monkeypatch.setattr(images, "_pulls", {})
+    monkeypatch.setattr(images, "image_exists", lambda name: calls.append(("exists", name)) or False)
+    monkeypatch.setattr(images.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+    class Done:
+        returncode, stdout = 125, "Error: no registry\n"
+
+    monkeypatch.setattr(images, "podman", lambda *args, **kw: calls.append(args[:1]) or Done())
+    for i in range(5):
+        make_task(tmp_path, f"t{i}", environment__Dockerfile="FROM org/base:1\n")
+    report = import_harbor(tmp_path)
+    assert report.counts() == {"base-image": 5}
+    assert calls == [("exists", "org/base:1"), ("pull",)], calls

@@ -27,6 +27,10 @@ What an episode gets (docs/ENVIRONMENT.md):
 
 When the harness runs as root, the sandbox runs as `nobody` on the host, so that process limits
 apply (the kernel exempts root from RLIMIT_NPROC) and nothing inside has host privileges.
+
+Tasks with Harbor semantics (obsspec/env/semantics.py) run in a container whose PID 1 is
+scripts/supervisor_harbor.sh: the same protocol, other guarantees (services live on, root in the
+container, one HOME and the real clock; docs/ENVIRONMENT.md, "Harbor semantics").
 """
 
 from __future__ import annotations
@@ -81,8 +85,8 @@ class SandboxConfig:
                                    "this host (explicit opt-in only; warns).")
     backend: str = doc("bwrap", "What isolates tasks that name no image: 'bwrap' (bubblewrap, "
                                  "the host's /usr) or 'podman' (a container of the local Debian 12 "
-                                 "base image). Tasks with an image (a Harbor Dockerfile) always "
-                                 "run in podman.")
+                                 "base image). Tasks with an image (a Harbor Dockerfile), or "
+                                 "with Harbor semantics, always run in podman.")
     timeout_s: float = doc(30.0, "Per-command timeout, seconds (the upper bound of the tool "
                                   "call's `timeout`); the command and everything it started are "
                                   "killed, the shell state survives.")

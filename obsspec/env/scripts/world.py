@@ -137,9 +137,10 @@ def identity(user: str) -> tuple[int, int, list[int], str, str]:
     return uid, gid, groups, login, home
 
 
-def become(user: str) -> dict:
-    """Drop to the agent's capabilities and the image's USER; the identity's environment."""
-    uid, gid, groups, login, home = identity(user)
+def become(who: tuple[int, int, list[int], str, str]) -> dict:
+    """Drop to the agent's capabilities and the identity `who` (resolved by identity() in the
+    image's own root, never in a view the agent has written to); the identity's environment."""
+    uid, gid, groups, login, home = who
     last = int(open("/proc/sys/kernel/cap_last_cap").read())
     for cap in range(last + 1):
         if cap not in AGENT_CAPS:
@@ -194,10 +195,10 @@ def agent(upper: str, root: str, workdir: str) -> None:
     slash = os.open("/", os.O_PATH | os.O_DIRECTORY)
     bind(slash, "dev", f"{root}/dev", recursive=True)
     bind(slash, "sys", f"{root}/sys", recursive=True)
-    uid, gid, *_ = identity(user)
-    mount("tmpfs", f"{root}/run/obsspec-shell", "tmpfs", MS_NOSUID | MS_NODEV, f"size=16m,mode=0700,uid={uid},gid={gid}")
+    who = identity(user)
+    mount("tmpfs", f"{root}/run/obsspec-shell", "tmpfs", MS_NOSUID | MS_NODEV, f"size=16m,mode=0700,uid={who[0]},gid={who[1]}")
     enter(root)
-    env = environment(become(user))
+    env = environment(become(who))
     try:
         os.chdir(workdir)
     except OSError:
@@ -388,8 +389,9 @@ def verifier(root: str, work: str, workdir: str) -> None:
     for name in ("tests", "logs"):
         os.mkdir(f"{view}/{name}")
         bind(wfd, name, f"{view}/{name}")
+    who = identity("root")  # (Harbor runs its verifiers as root, whatever the image's USER)
     enter(view)
-    env = environment(become("root"))  # (Harbor runs its verifiers as root, whatever the image's USER)
+    env = environment(become(who))
     env.update(PYTHONNOUSERSITE="1", PYTHONSAFEPATH="1")
     try:
         os.chdir(workdir)

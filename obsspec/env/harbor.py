@@ -3,6 +3,7 @@
     report = import_harbor("datasets/my-bench")   # a folder of task folders, or one task folder
     for name, why in report.skipped:
         print(f"skipped {name}: {why}")
+    report.counts()                               # {"base-image": 12, "compose": 3, ...}
     tasks = report.tasks                          # list[Task], in folder-name order
 
 How a Harbor task folder maps onto a `Task`:
@@ -24,11 +25,15 @@ How a Harbor task folder maps onto a `Task`:
                                       source="harbor:/abs/path/count-words")
 
 Decisions:
+- Every task imports with Harbor semantics (obsspec/env/semantics.py: it runs as Harbor runs it,
+  in a container: services live on, the image's USER and CMD, one HOME and the real clock),
+  unless `semantics="isolated"` asks for the built-in families' sandbox.
 - A task with an image (environment/Dockerfile, or `[environment] docker_image`) runs in a
   Podman container of it (obsspec/env/images.py): environment/ is the build context, not
   workspace files. The image is built when an episode first needs it; a base image that cannot
   be had offline (only Debian 12 is built locally; no registry) skips the task here, naming it.
-  docker-compose (several services) is skipped.
+  BuildKit heredocs are translated at build time (obsspec/env/dockerfile.py); one that cannot be
+  translated faithfully skips the task. docker-compose (several services) is skipped.
 - `environment/setup.sh` (our extension) stands in for the image where it exists: the task then
   runs in the recipe's sandbox, the Dockerfile is read only for WORKDIR, and its RUN/COPY lines
   are NOT executed, so setup.sh must do their work. Other files of environment/ are copied into
@@ -47,7 +52,8 @@ Decisions:
 - `[verifier] timeout_sec` is the verifier's time limit (`Task.verify_timeout_s`, at most a day
   in the suite, and at run time at most the recipe's `sandbox.max_verify_s`). Other
   settings (agent timeout, build timeout, gpus) are ignored.
-- A malformed task folder never raises: it becomes a `skipped` entry with a one-line reason.
+- A malformed task folder never raises: it becomes a `skipped` entry with a one-line reason,
+  counted by its class (`ImportReport.counts()`).
   `HarborImportError` means the path itself is wrong (missing, or holds no task folder at all).
 """
 

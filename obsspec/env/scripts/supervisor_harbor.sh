@@ -13,8 +13,8 @@
 # - ours: this shell, the relay (scripts/relay.py, the terminal every agent process writes to)
 #   and the janitor, none of which any agent process can see, signal or trace.
 # Nothing is killed between commands or before the verifier: services live on. A command that
-# times out (SIGUSR1 from the harness) loses its process group; a verifier that times out is
-# killed with everything it started.
+# times out (SIGUSR1 from the harness) loses its shell, and what it started runs on, as in a
+# terminal; a verifier that times out is killed with everything it started.
 
 export OBSSPEC_LC_ALL=$LC_ALL
 export LC_ALL=C   # read -N counts bytes

@@ -17,7 +17,7 @@
 #     fd 4: `ready`, then one line `NONCE RC` per request when its command has returned;
 #     fd 5: the episode's terminal: every command's stdout and stderr (the relay reads it).
 #   Background processes live on when their command returns (services); on SIGUSR1 (a timeout)
-#   the command's process group is killed. The image's ENTRYPOINT/CMD starts first, as a
+#   the command's shell is killed and what it started lives on, as in a terminal. The image's ENTRYPOINT/CMD starts first, as a
 #   service, as `docker run IMAGE` starts it, its output discarded.
 #   No process in this world can see the harness (PID 1, the relay, the verifier) or its files.
 # verifier: a mount and PID namespace of its own whose root is built here, in WORK/root: every top
@@ -230,9 +230,12 @@ def serve(env: dict, workdir: str) -> None:
             reaped[pid] = status
 
     def interrupt(*_) -> None:
+        # A command that runs past its time is left running, as a terminal leaves it (a server
+        # started in the foreground keeps serving): only its shell ends, unsaved, and what it
+        # started lives on, its later output dropped.
         if current[0]:
             try:
-                os.killpg(current[0], signal.SIGKILL)
+                os.kill(current[0], signal.SIGKILL)
             except ProcessLookupError:
                 pass
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/sandbox_overhead.py [--n 200] [--plot out.png] [--out result.json]
     .venv/bin/python bench/sandbox_overhead.py --compare-podman [--n 50]   # podman vs bwrap
+    .venv/bin/python bench/sandbox_overhead.py --compare-semantics [--n 50]  # Harbor vs isolated (podman)
 
 Prints JSON with medians (ms) for running `true`:
 - `subprocess_bash`:  `bash -c true` with subprocess, no sandbox (the baseline, same run)
@@ -22,7 +23,9 @@ import statistics
 import subprocess
 import time
 
+from obsspec.env.podman import Environment
 from obsspec.env.sandbox import Sandbox, SandboxConfig
+from obsspec.env.semantics import HARBOR
 from provenance import stamp
 
 FILES = {f"dir{i % 3}/file{i}.txt": f"line {i}\n" * 20 for i in range(10)}
@@ -37,8 +40,10 @@ def quartiles_ms(samples: list[float]) -> list[float]:
     return [round(1000 * q[0], 3), round(1000 * q[2], 3)]
 
 
-async def measure(n: int, deterministic: bool, backend: str = "bwrap") -> dict:
+async def measure(n: int, deterministic: bool, backend: str = "bwrap", semantics: str = "") -> dict:
     cfg = SandboxConfig(deterministic=deterministic, backend=backend)
+    # (Harbor semantics run in a container of the base image: obsspec/env/semantics.py)
+    environment = Environment(semantics=semantics) if semantics else None
     plain = []
     for _ in range(n):
         t = time.perf_counter()
@@ -46,7 +51,7 @@ async def measure(n: int, deterministic: bool, backend: str = "bwrap") -> dict:
         plain.append(time.perf_counter() - t)
 
     in_episode = []
-    async with Sandbox(cfg) as sb:
+    async with Sandbox(cfg, environment=environment) as sb:
         await sb.start()
         for _ in range(n):
             in_episode.append((await sb.run("true")).seconds)
@@ -54,7 +59,7 @@ async def measure(n: int, deterministic: bool, backend: str = "bwrap") -> dict:
     fresh, setup, verify = [], [], []
     for _ in range(max(10, n // 5)):
         t = time.perf_counter()
-        sb = Sandbox(cfg)
+        sb = Sandbox(cfg, environment=environment)
         await sb.start(files=FILES, setup="mkdir -p build && echo ok > build/stamp")
         setup.append(time.perf_counter() - t)
         await sb.run("true")
@@ -86,15 +91,27 @@ def compare_podman(n: int) -> dict:
     return {**got, "podman_over_bwrap": {k: round(got["podman"][k] / got["bwrap"][k], 2) for k in keys}}
 
 
+def compare_semantics(n: int) -> dict:
+    """Harbor semantics against the isolated ones, both in podman (same run): a command relayed
+    to the agent's world, a start that builds it, a verification in a view of its own."""
+    got = {"isolated": asyncio.run(measure(n, True, "podman")),
+           "harbor": asyncio.run(measure(n, True, "podman", HARBOR))}
+    keys = ("episode_command_ms", "fresh_sandbox_ms", "episode_setup_ms", "episode_verify_ms")
+    return {**got, "harbor_over_isolated": {k: round(got["harbor"][k] / got["isolated"][k], 2) for k in keys}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=200, help="commands per measurement")
     ap.add_argument("--plot", default="", help="write a bar chart to this PNG")
     ap.add_argument("--out", default="", help="also write the JSON to this file")
     ap.add_argument("--compare-podman", action="store_true", help="podman vs bwrap (deterministic)")
+    ap.add_argument("--compare-semantics", action="store_true", help="Harbor vs isolated semantics (podman)")
     args = ap.parse_args()
     if args.compare_podman:
         out = {**stamp(), **compare_podman(args.n)}
+    elif args.compare_semantics:
+        out = {**stamp(), **compare_semantics(args.n)}
     else:
         out = {
             **stamp(),
@@ -106,7 +123,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-    if args.plot and not args.compare_podman:
+    if args.plot and not (args.compare_podman or args.compare_semantics):
         import matplotlib
 
         matplotlib.use("Agg")

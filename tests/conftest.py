@@ -1,11 +1,12 @@
 """Test tiers. `make test` runs everything but `gpu`; `make test-fast` (under a minute on 2
-cores) also leaves out what is marked `slow` here: the CLI end-to-end files and every test that
-took a second or more on 2 cores. Add a test here when `make test`'s slowest list shows it."""
+cores) also leaves out what is marked `slow` here: the CLI end-to-end files, the container and Ray
+cases of the backend suites, and every test that took a second or more on 2 cores. Add a test here when `make test`'s slowest list shows it."""
 
 import pytest
 
 SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py", "test_ray.py", "test_export.py",
-              "test_export_models.py"}
+              "test_export_models.py",
+              "test_harbor_semantics.py", "test_harbor_trust.py"}  # (every test starts processes or containers)
 SLOW_TESTS = {
     "test_cli.py::test_prepare_tasks_is_reproducible_and_loadable",
     "test_engines.py::test_engine_with_a_prefix_cache_drafts_exactly_as_without",
@@ -66,14 +67,17 @@ SLOW_TESTS = {
     "test_vllm_build.py::test_every_mismatch_is_refused_before_a_server_starts",
     "test_vllm_build.py::test_a_cuda_section_served_by_the_cpu_build_is_one_line",
     "test_gpu_check.py::test_an_out_of_memory_step_is_reported_as_does_not_fit_beside_its_estimate",
+    "test_dockerfile.py::test_a_translated_dockerfile_builds_with_buildkits_meaning",
+    "test_dockerfile.py::test_without_the_translation_this_podman_cannot_build_a_heredoc",
 }
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         name = f"{item.path.name}::{item.originalname}"
-        on_ray = getattr(item, "callspec", None) is not None and item.callspec.params.get("sandbox_backend") == "ray"
-        if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration") or on_ray:
+        # (the same suite on containers or on Ray workers: the bubblewrap case stays fast)
+        remote = getattr(item, "callspec", None) is not None and item.callspec.params.get("sandbox_backend") in ("podman", "ray")
+        if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration") or remote:
             item.add_marker(pytest.mark.slow)
 
 

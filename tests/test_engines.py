@@ -556,9 +556,9 @@ def test_low_priority_work_waits_for_normal_work_or_rides_in_its_pass(model, bat
             # the same request alone: scheduling never changes what is sampled
             again = await engine.generate(GenerationRequest(prompt(8, 5), max_new_tokens=40, seed=2))
             late = asyncio.ensure_future(engine.generate(GenerationRequest(prompt(8), max_new_tokens=200, seed=3, request_id="n2")))
-            low2 = asyncio.ensure_future(engine.generate(GenerationRequest(prompt(8, 5), max_new_tokens=20, seed=2, request_id="s2", priority=1)))
-            await asyncio.sleep(0.05)
-            assert engine.promote("s2")
+            low2 = asyncio.ensure_future(engine.generate(GenerationRequest(prompt(8, 5), max_new_tokens=60, seed=2, request_id="s2", priority=1)))
+            await until(lambda: (engine.decode_steps("n2") or 0) >= 2, "the second normal request decodes")
+            assert engine.promote("s2")  # (batched: it rides, still well short of its 60 tokens)
             await low2
             promoted_done_first = not late.done()
             await late

@@ -14,6 +14,7 @@ import pytest
 from obsspec.env.episode import verify_task
 from obsspec.env.harbor import HarborImportError, import_harbor
 from obsspec.env.sandbox import Sandbox, SandboxConfig
+from obsspec.env.task import Task
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # the valid examples ship with the project (tasks/); the malformed ones are test fixtures
@@ -44,12 +45,25 @@ def make_task(root: Path, name: str, **files: str) -> Path:
 
 def test_valid_fixtures_import_in_name_order_with_nothing_skipped():
     report = import_harbor(GOOD)
-    assert report.skipped == []
-    assert [t.task_id for t in report.tasks] == [
-        "harbor-count-words", "harbor-hello-file", "harbor-sum-scores"]
+    assert report.skipped == [] and report.counts() == {}
+    names = ["clock-wait", "count-words", "entrypoint-service", "hello-file", "heredoc-inventory",
+             "home-config", "root-admin", "stale-reports", "sum-scores", "web-service"]
+    assert [t.task_id for t in report.tasks] == [f"harbor-{n}" for n in names]
     # [verifier] timeout_sec is the verifier's time limit
+    timeouts = {"harbor-count-words": 120.0, "harbor-sum-scores": 30.0}
     assert {t.task_id: t.verify_timeout_s for t in report.tasks} == {
-        "harbor-count-words": 120.0, "harbor-hello-file": 60.0, "harbor-sum-scores": 30.0}
+        t.task_id: timeouts.get(t.task_id, 60.0) for t in report.tasks}
+
+
+def test_imported_tasks_run_as_harbor_runs_them_unless_asked_otherwise():
+    """Harbor semantics are the default of an import (a property of each task, in the suite);
+    `isolated` gives the built-in families' sandbox, written as the default '' (no new key)."""
+    assert {t.semantics for t in import_harbor(GOOD).tasks} == {"harbor"}
+    isolated = import_harbor(GOOD, semantics="isolated").tasks
+    assert {t.semantics for t in isolated} == {""} and "semantics" not in isolated[0].to_dict()
+    assert all(t.harbor and Task.from_dict(t.to_dict()) == t for t in import_harbor(GOOD).tasks)
+    with pytest.raises(ValueError, match="semantics must be one of isolated, harbor"):
+        import_harbor(GOOD, semantics="docker")
 
 
 def test_task_without_environment_maps_every_field():
@@ -112,6 +126,9 @@ def test_malformed_fixtures_are_skipped_with_one_line_reasons():
     for name, expected in EXPECTED_SKIPS.items():
         assert reasons[name].startswith(expected), f"{name}: {reasons[name]}"
         assert "\n" not in reasons[name]
+    # the report counts what each class of reason cost, largest first
+    assert report.counts() == {"layout": 3, "files": 2, "task.toml": 1, "base-image": 1, "solution-files": 1}
+    assert list(report.counts().values()) == sorted(report.counts().values(), reverse=True)
 
 
 def test_a_bad_single_task_folder_is_skipped_not_raised():
@@ -144,6 +161,19 @@ def test_other_skip_reasons(tmp_path, files, reason):
     make_task(tmp_path, "t", **files)
     report = import_harbor(tmp_path)
     assert report.tasks == [] and report.skipped[0][1].startswith(reason), report.skipped
+    assert report.kinds["t"] in ("files", "task.toml", "base-image", "compose", "dockerfile", "host-variables")
+
+
+def test_dockerfile_heredocs_import_and_one_we_cannot_translate_is_a_counted_skip(tmp_path):
+    """Heredocs are translated at build time (obsspec/env/dockerfile.py), so they import; a COPY
+    heredoc that BuildKit would expand with build arguments is skipped, in the 'dockerfile' class,
+    and a heredoc body that reads like an instruction is not one (its WORKDIR is not the task's)."""
+    body = "RUN cat <<'EOF' > /etc/motd\nWORKDIR /nowhere\nFROM elsewhere:1\nEOF\n"
+    make_task(tmp_path, "ok", environment__Dockerfile=f"FROM debian:bookworm\nWORKDIR /srv/app\n{body}")
+    make_task(tmp_path, "vars", environment__Dockerfile="FROM debian:bookworm\nCOPY <<EOF /x\n$HOME\nEOF\n")
+    report = import_harbor(tmp_path)
+    assert [t.workdir for t in report.tasks] == ["/srv/app"]
+    assert report.kinds == {"vars": "dockerfile"} and "BuildKit's build-time expansion" in report.skipped[0][1]
 
 
 def test_non_utf8_file_is_skipped(tmp_path):
@@ -272,3 +302,34 @@ def test_executable_files_stay_executable(tmp_path):
     assert reward == 1.0, "test.sh could not execute /tests/check.sh directly"
     plain = import_harbor(make_task(tmp_path, "plain")).tasks[0]
     assert "chmod" not in plain.verify and plain.setup == "", "nothing executable, nothing added"
+
+
+def test_a_suite_line_with_unknown_semantics_is_one_clear_error(tmp_path):
+    import json
+
+    from obsspec.env.suite import SuiteError, load_tasks
+
+    line = {**tasks_by_id()["harbor-hello-file"].to_dict(), "semantics": "root"}
+    (tmp_path / "train.jsonl").write_text(json.dumps(line) + "\n")
+    with pytest.raises(SuiteError, match="train.jsonl:1: not a task: semantics must be one of isolated, harbor"):
+        load_tasks(str(tmp_path))
+
+
+def test_a_missing_base_is_asked_for_once_however_many_tasks_use_it(tmp_path, monkeypatch):
+    """Importing thousands of tasks on one base that cannot be had: one look and one pull."""
+    from obsspec.env import images
+
+    calls = []
+    monkeypatch.setattr(images, "_pulls", {})
+    monkeypatch.setattr(images, "image_exists", lambda name: calls.append(("exists", name)) or False)
+    monkeypatch.setattr(images.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+    class Done:
+        returncode, stdout = 125, "Error: no registry\n"
+
+    monkeypatch.setattr(images, "podman", lambda *args, **kw: calls.append(args[:1]) or Done())
+    for i in range(5):
+        make_task(tmp_path, f"t{i}", environment__Dockerfile="FROM org/base:1\n")
+    report = import_harbor(tmp_path)
+    assert report.counts() == {"base-image": 5}
+    assert calls == [("exists", "org/base:1"), ("pull",)], calls

@@ -3,6 +3,8 @@ sandbox and the real verifiers. Each must leave the reward at what the task's tr
 an agent that did not solve the task) and must not turn a failure into an infrastructure error
 (which would exclude the episode from the advantage instead of scoring it). The list, with the
 reasoning, is in docs/REWARD_HACKS.md.
+The Harbor examples run here with the isolated semantics (as the built-in families do); the
+same attacks against Harbor semantics are tests/test_harbor_trust.py.
 """
 
 import asyncio
@@ -106,7 +108,7 @@ def test_a_fork_bomb_before_done_is_scored_not_excluded():
 
 
 def test_symlinks_into_the_verifiers_files_are_removed():
-    hello = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-hello-file"]
+    hello = {t.task_id: t for t in import_harbor(HARBOR, semantics="isolated").tasks}["harbor-hello-file"]
     for target in ("/tests/expected_hello.txt", "../tests/expected_hello.txt",
                    "/proc/self/root/tests/expected_hello.txt", "/proc/self/fd/4"):
         got = reward(hello, [f"ln -sf {target} /app/hello.txt"])
@@ -153,7 +155,7 @@ def test_a_planted_reward_in_a_locked_directory_does_not_count(lock):
 
 @pytest.mark.parametrize("lock", LOCKS[1:])
 def test_locked_directories_do_not_keep_links_or_root_files_for_the_verifier(lock, sandbox_backend):
-    hello = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-hello-file"]
+    hello = {t.task_id: t for t in import_harbor(HARBOR, semantics="isolated").tasks}["harbor-hello-file"]
     link = "ln -sf /tests/expected_hello.txt /app/hello.txt"
     assert reward(hello, [f"{link}; {lock.format(d='/app')}"]) == 0.0, "a link in a locked workdir survived"
     assert reward(hello, [f"mkdir -p /app/a/b && ln -s /tests/expected_hello.txt /app/a/b/x && "
@@ -204,7 +206,7 @@ def test_link_chains_deeper_than_path_max_or_through_dev_stdin_are_removed():
     reached /tests while Python's realpath lost track of it (Harbor hello-file reward 1); 1,100
     chained links crashed realpath (RecursionError: an infra error), 1,500 links 1,900 levels deep
     ran reset past its timeout. Links are now resolved the kernel's way, a component at a time."""
-    hello = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-hello-file"]
+    hello = {t.task_id: t for t in import_harbor(HARBOR, semantics="isolated").tasks}["harbor-hello-file"]
     deep = ("import os\nos.chdir('/tmp'); os.mkdir('p'); os.chdir('p')\n"
             "for i in range(1000): os.mkdir('a'); os.chdir('a')\n"
             "os.symlink('a/'*1100+'t', 's2')\n"
@@ -259,7 +261,7 @@ def test_links_through_a_directory_locked_at_the_time_are_removed_and_modes_come
     """Reproduced: a link through /tmp/d/.. (or ~/d/.., /run/obsspec/..) with that directory
     locked looked like a dead end to the janitor, which then opened /tmp/d for good: reward 1.
     Such links go now, and every mode the janitor changes is put back."""
-    hello = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-hello-file"]
+    hello = {t.task_id: t for t in import_harbor(HARBOR, semantics="isolated").tasks}["harbor-hello-file"]
     for d in ("/tmp/d", "/home/agent/d", "/tmp/d/e"):
         up = "../" * d.count("/")
         plant = f"mkdir -p {d}; ln -s {d}/{up}tests/expected_hello.txt /app/hello.txt; chmod 000 {d}; chmod 000 /tmp/d"
@@ -312,7 +314,7 @@ def test_sandboxes_share_no_kernel_keys_and_keep_their_pipe_sizes():
 
 
 def test_harbor_reward_conversion_is_not_shadowed():
-    scores = {t.task_id: t for t in import_harbor(HARBOR).tasks}["harbor-sum-scores"]
+    scores = {t.task_id: t for t in import_harbor(HARBOR, semantics="isolated").tasks}["harbor-sum-scores"]
     plant = "printf 'open(\"/logs/verifier/reward.txt\", \"w\").write(\"1\")\n' > json.py"
     assert reward(scores, [plant]) == 0.0, "the agent's json.py ran in the reward.json conversion"
     assert reward(scores, scores.solution) == 1.0
@@ -396,6 +398,11 @@ def test_a_reward_file_written_before_the_verifier_was_killed_does_not_count():
     task = _harbor("bash /app/check.sh; echo 0 > /logs/verifier/reward.txt\n")
     attack = "printf 'echo 1 > /logs/verifier/reward.txt; kill -USR1 1; sleep 30\\n' > /app/check.sh"
     assert reward(task, [attack]) == 0.0, "a reward planted by a killed verifier's child counted"
+    # 58, reproduced (reward 1 on both backends): the same code kills the shell running test.sh
+    # (`kill -9 -1`, or its parent): nobody interrupted the run, but it ended by a signal
+    for kill in ("kill -9 -1", "kill -9 $PPID"):
+        attack = f"printf 'echo 1 > /logs/verifier/reward.txt; {kill}\\n' > /app/check.sh"
+        assert reward(task, [attack]) == 0.0, f"a reward planted before `{kill}` counted"
     honest = _harbor("echo 1 > /logs/verifier/reward.txt\n")
     assert reward(honest, []) == 1.0, "an uninterrupted Harbor verifier's reward file was ignored"
 

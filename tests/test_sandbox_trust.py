@@ -2,6 +2,8 @@
 real sandbox. Each must leave the reward at what the task's truth says (0 for an agent that did
 not solve the task) and never become an infrastructure error (an episode excluded from the
 advantage at the agent's will). The list, with the reasoning, is in docs/REWARD_HACKS.md.
+The Harbor examples run here with the isolated semantics (as the built-in families do); the
+same attacks against Harbor semantics are tests/test_harbor_trust.py.
 """
 
 import asyncio
@@ -59,7 +61,7 @@ def pinned_reward(task, commands, where):
 
 
 def harbor(name: str) -> Task:
-    return {t.task_id: t for t in import_harbor(HARBOR).tasks}[name]
+    return {t.task_id: t for t in import_harbor(HARBOR, semantics="isolated").tasks}[name]
 
 
 @pytest.mark.parametrize("where", ["/run/obsspec-state", "/tests", "/logs", "/dev/shm"])
@@ -199,7 +201,7 @@ def test_an_unbounded_harbor_verifier_is_clamped(tmp_path):
     for value in ("inf", "1e308"):
         toml.write_text(toml.read_text().replace("timeout_sec = 60.0", f"timeout_sec = {value}", 1)
                         .replace("timeout_sec = inf", f"timeout_sec = {value}", 1))
-        task = import_harbor(tmp_path).tasks[0]
+        task = import_harbor(tmp_path, semantics="isolated").tasks[0]
         assert task.verify_timeout_s == 86_400.0, value
         line = json.dumps(task.to_dict(), allow_nan=False)  # would raise on Infinity
         assert Task.from_dict(json.loads(line)) == task

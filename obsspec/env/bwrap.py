@@ -37,6 +37,11 @@ SANDBOX_UID = 1000
 # of this process or of another, from ever running as the same uid at once.
 HOST_UID_BASE = 2_100_000_000
 HOST_UID_SLOTS = 1 << 16
+# A container with Harbor semantics maps 65,536 uids (root included) onto a host range of its
+# own from here, so that nothing in it runs as a host uid any other live sandbox uses.
+HOST_RANGE_BASE = 2_200_000_000
+HOST_RANGE_SIZE = 1 << 16
+HOST_RANGE_SLOTS = 1 << 14
 UID_LOCKS = "/run/obsspec-uids"  # (root only: /run is root's)
 # Any file time after this is a real (kernel) time, not one of ours, and gets re-stamped.
 HORIZON_SECONDS = 10_000_000
@@ -104,17 +109,19 @@ def data_fd(data: bytes) -> int:
 
 
 class HostUid:
-    """A host uid that no other live sandbox runs as, held until `release()`."""
+    """A host uid (with `size` > 1: a range of `size` uids from `uid`) that no other live
+    sandbox runs as, held until `release()`."""
 
-    def __init__(self, folder: str = UID_LOCKS) -> None:
+    def __init__(self, folder: str = UID_LOCKS, base: int = HOST_UID_BASE, slots: int = HOST_UID_SLOTS,
+                 size: int = 1) -> None:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         st = os.lstat(folder)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
             # (another user's folder could hold links that make us create files where they say)
             raise OSError(f"{folder} must be a directory of ours that no one else can write to")
-        start = random.randrange(HOST_UID_SLOTS)
-        for i in range(HOST_UID_SLOTS):
-            uid = HOST_UID_BASE + (start + i) % HOST_UID_SLOTS
+        start = random.randrange(slots)
+        for i in range(slots):
+            uid = base + (start + i) % slots * size
             fd = os.open(os.path.join(folder, str(uid)),
                          os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
@@ -124,7 +131,7 @@ class HostUid:
                 continue
             self.uid, self._fd = uid, fd
             return
-        raise OSError(f"all {HOST_UID_SLOTS} sandbox uids are in use")
+        raise OSError(f"all {slots} sandbox uids are in use")
 
     def release(self) -> None:
         if self._fd >= 0:

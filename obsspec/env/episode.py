@@ -51,13 +51,14 @@ def observation(result: ExecResult, config: SandboxConfig) -> str:
 
 
 def task_environment(task: Task) -> podman.Environment | None:
-    """The container a task asks for (None: the recipe's backend, with its base image)."""
-    if not task.needs_image:
+    """The container a task asks for (None: the recipe's backend, with its base image). Harbor
+    semantics always run in a container (of the base image when the task names none)."""
+    if not task.needs_image and not task.harbor:
         return None
     r = task.resources
     return podman.Environment(files=task.image_files, image=task.image, cpus=float(r.get("cpus", 0)),
                               memory_mb=int(r.get("memory_mb", 0)), storage_mb=int(r.get("storage_mb", 0)),
-                              internet=bool(r.get("internet", False)))
+                              internet=bool(r.get("internet", False)), semantics=task.semantics)
 
 
 def open_sandbox(config: SandboxConfig, workdir: str = "/app", environment: podman.Environment | None = None):

@@ -3,6 +3,7 @@
     report = import_harbor("datasets/my-bench")   # a folder of task folders, or one task folder
     for name, why in report.skipped:
         print(f"skipped {name}: {why}")
+    report.counts()                               # {"base-image": 12, "compose": 3, ...}
     tasks = report.tasks                          # list[Task], in folder-name order
 
 How a Harbor task folder maps onto a `Task`:
@@ -24,11 +25,15 @@ How a Harbor task folder maps onto a `Task`:
                                       source="harbor:/abs/path/count-words")
 
 Decisions:
+- Every task imports with Harbor semantics (obsspec/env/semantics.py: it runs as Harbor runs it,
+  in a container: services live on, the image's USER and CMD, one HOME and the real clock),
+  unless `semantics="isolated"` asks for the built-in families' sandbox.
 - A task with an image (environment/Dockerfile, or `[environment] docker_image`) runs in a
   Podman container of it (obsspec/env/images.py): environment/ is the build context, not
   workspace files. The image is built when an episode first needs it; a base image that cannot
   be had offline (only Debian 12 is built locally; no registry) skips the task here, naming it.
-  docker-compose (several services) is skipped.
+  BuildKit heredocs are translated at build time (obsspec/env/dockerfile.py); one that cannot be
+  translated faithfully skips the task. docker-compose (several services) is skipped.
 - `environment/setup.sh` (our extension) stands in for the image where it exists: the task then
   runs in the recipe's sandbox, the Dockerfile is read only for WORKDIR, and its RUN/COPY lines
   are NOT executed, so setup.sh must do their work. Other files of environment/ are copied into
@@ -47,7 +52,8 @@ Decisions:
 - `[verifier] timeout_sec` is the verifier's time limit (`Task.verify_timeout_s`, at most a day
   in the suite, and at run time at most the recipe's `sandbox.max_verify_s`). Other
   settings (agent timeout, build timeout, gpus) are ignored.
-- A malformed task folder never raises: it becomes a `skipped` entry with a one-line reason.
+- A malformed task folder never raises: it becomes a `skipped` entry with a one-line reason,
+  counted by its class (`ImportReport.counts()`).
   `HarborImportError` means the path itself is wrong (missing, or holds no task folder at all).
 """
 
@@ -59,10 +65,12 @@ import re
 import shlex
 import stat
 import tomllib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from obsspec.env import images
+from obsspec.env import dockerfile, images
+from obsspec.env.semantics import HARBOR, ISOLATED, check as check_semantics
 from obsspec.env.task import Task, check_workdir
 
 MAX_TASK_BYTES = 5 * 1024 * 1024
@@ -99,14 +107,27 @@ class ImportReport:
     tasks: list[Task] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """(folder name, one-line reason) for every task folder that could not be imported."""
+    kinds: dict[str, str] = field(default_factory=dict)
+    """folder name -> the class of its skip reason (SKIP_KINDS)."""
+
+    def counts(self) -> dict[str, int]:
+        """How many folders each class of reason cost, largest first."""
+        return dict(Counter(self.kinds[name] for name, _ in self.skipped).most_common())
 
 
 class _Skip(Exception):
-    """This task folder cannot be imported; the message says why, in one line."""
+    """This task folder cannot be imported; the message says why, in one line, and `kind` names
+    the class of reason (the import report counts tasks per kind)."""
+
+    def __init__(self, message: str, kind: str = "files"):
+        super().__init__(message)
+        self.kind = kind
 
 
-def import_harbor(path: str | os.PathLike) -> ImportReport:
-    """Import one Harbor task folder, or every task folder directly inside `path` (by name)."""
+def import_harbor(path: str | os.PathLike, semantics: str = HARBOR) -> ImportReport:
+    """Import one Harbor task folder, or every task folder directly inside `path` (by name), with
+    `semantics` (obsspec/env/semantics.py: `harbor`, as Harbor runs them, or `isolated`)."""
+    check_semantics(semantics)
     root = Path(path)
     if not root.is_dir():
         problem = "not a directory" if root.exists() else "no such directory"
@@ -122,40 +143,41 @@ def import_harbor(path: str | os.PathLike) -> ImportReport:
     report, owner = ImportReport(), {}
     for folder in folders:
         try:
-            task = _import_task(folder)
+            task = _import_task(folder, "" if semantics == ISOLATED else semantics)
             if task.task_id in owner:  # two names can sanitise to the same id
-                raise _Skip(f"task id {task.task_id!r} is already taken by {owner[task.task_id]}")
+                raise _Skip(f"task id {task.task_id!r} is already taken by {owner[task.task_id]}", "layout")
         except _Skip as e:
             report.skipped.append((folder.name, str(e)))
+            report.kinds[folder.name] = e.kind
             continue
         owner[task.task_id] = folder.name
         report.tasks.append(task)
     return report
 
 
-def _import_task(folder: Path) -> Task:
+def _import_task(folder: Path, semantics: str) -> Task:
     folder = folder.resolve()
     for rel, what in [("task.toml", "its configuration"), ("instruction.md", "the prompt"),
                       ("tests/test.sh", "the verifier entry point")]:
         if not (folder / rel).is_file():
-            raise _Skip(f"missing {rel} ({what})")
+            raise _Skip(f"missing {rel} ({what})", "layout")
     _check_tree(folder)  # before reading anything: a symlink could point at host secrets
     try:
         config = tomllib.loads(_text(folder, "task.toml"))
     except tomllib.TOMLDecodeError as e:  # its message says which line and column
-        raise _Skip(f"invalid task.toml: {e}") from None
+        raise _Skip(f"invalid task.toml: {e}", "task.toml") from None
     instruction = _text(folder, "instruction.md").strip()
     if not instruction:
-        raise _Skip("instruction.md is empty")
+        raise _Skip("instruction.md is empty", "layout")
     slug = _slug(folder.name)
     if not slug:
-        raise _Skip("folder name has no letters or digits to make a task id from")
+        raise _Skip("folder name has no letters or digits to make a task id from", "layout")
     category = _table(config, "metadata").get("category") or "uncategorised"
     if not isinstance(category, str):
-        raise _Skip("task.toml: metadata.category must be a string")
+        raise _Skip("task.toml: metadata.category must be a string", "task.toml")
     timeout = _table(config, "verifier").get("timeout_sec")
     if timeout is not None and not (type(timeout) in (int, float) and timeout > 0):
-        raise _Skip(f"task.toml: verifier.timeout_sec must be a positive number, not {timeout!r}")
+        raise _Skip(f"task.toml: verifier.timeout_sec must be a positive number, not {timeout!r}", "task.toml")
     if timeout is not None:  # (`inf` or 1e308: the recipe's sandbox.max_verify_s bounds it at run time)
         timeout = min(float(timeout), MAX_VERIFY_TIMEOUT_S)
     files, setup, workdir, image = _environment(folder, _table(config, "environment"))
@@ -165,7 +187,7 @@ def _import_task(folder: Path) -> Task:
         verify=_verify_script(workdir, _env(config, "verifier"), _executable(folder, "tests")),
         verify_files=_tree(folder, "tests"), files=files, setup=setup, workdir=workdir,
         source=f"harbor:{folder}", verify_timeout_s=0.0 if timeout is None else timeout,
-        **image,
+        semantics=semantics, **image,
     )
 
 
@@ -181,10 +203,10 @@ def _environment(folder: Path, config: dict) -> tuple[dict[str, str], str, str, 
         compose = [name for name in docker if name != "Dockerfile"]
         if compose:
             raise _Skip(f"needs docker-compose (environment/{compose[0]}: several services are "
-                        f"not supported)")
+                        f"not supported)", "compose")
         image = config.get("docker_image") or ""
         if not isinstance(image, str):
-            raise _Skip("task.toml: environment.docker_image must be a string")
+            raise _Skip("task.toml: environment.docker_image must be a string", "task.toml")
         if docker or image:
             return _image_task(folder, config, image)
     if not env.is_dir():
@@ -204,17 +226,17 @@ def _image_task(folder: Path, config: dict, image: str) -> tuple[dict[str, str],
     resources = _resources(config)
     if (folder / "environment/Dockerfile").is_file():
         dockerfile = _text(folder, "environment/Dockerfile")
-        problem = images.offline_problem(dockerfile)
+        kind, problem = images.offline_problem(dockerfile)
         if problem:
-            raise _Skip(f"environment/Dockerfile: {problem}")
+            raise _Skip(f"environment/Dockerfile: {problem}", kind)
         context = _tree(folder, "environment")
         executable = _executable(folder, "environment")
         if executable:  # (COPY keeps modes: tasks hold text, so the modes travel by name)
             context[images.EXECUTABLES] = "".join(f"{rel}\n" for rel in executable)
         return {}, "", _dockerfile_workdir(dockerfile), {"image_files": context, "resources": resources}
-    problem = images.offline_problem(f"FROM {image}\n")
+    kind, problem = images.offline_problem(f"FROM {image}\n")
     if problem:
-        raise _Skip(f"task.toml: environment.docker_image: {problem}")
+        raise _Skip(f"task.toml: environment.docker_image: {problem}", kind)
     return {}, "", DEFAULT_WORKDIR, {"image": image, "resources": resources}
 
 
@@ -224,7 +246,7 @@ def _resources(config: dict) -> dict:
     cpus = config.get("cpus")
     if cpus is not None:
         if not (type(cpus) in (int, float) and 0 < cpus <= 1024):
-            raise _Skip(f"task.toml: environment.cpus must be a positive number, not {cpus!r}")
+            raise _Skip(f"task.toml: environment.cpus must be a positive number, not {cpus!r}", "task.toml")
         out["cpus"] = cpus
     for key in ("memory", "storage"):
         value = config.get(f"{key}_mb", config.get(key))
@@ -232,7 +254,7 @@ def _resources(config: dict) -> dict:
             out[f"{key}_mb"] = _megabytes(value, key)
     internet = config.get("allow_internet", False)
     if not isinstance(internet, bool):
-        raise _Skip(f"task.toml: environment.allow_internet must be true or false, not {internet!r}")
+        raise _Skip(f"task.toml: environment.allow_internet must be true or false, not {internet!r}", "task.toml")
     if internet:
         out["internet"] = True
     return out
@@ -245,27 +267,30 @@ def _megabytes(value, key: str) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*", str(value), re.I)
     if not m or float(m.group(1)) <= 0:
         raise _Skip(f"task.toml: environment.{key} must be a size such as '2G' or a number of MiB, "
-                    f"not {value!r}")
+                    f"not {value!r}", "task.toml")
     scale = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2).lower()]
     return max(1, int(float(m.group(1)) * scale))
 
 
 def _dockerfile_workdir(text: str) -> str:
     workdir = DEFAULT_WORKDIR
-    for line in text.replace("\\\n", " ").splitlines():
-        word, arg = (line.split(None, 1) + ["", ""])[:2]
-        arg = arg.strip().strip("\"'")
-        if word.upper() == "FROM":
+    try:
+        parsed = dockerfile.instructions(text)  # (heredoc bodies are not instructions)
+    except dockerfile.Untranslatable as e:
+        raise _Skip(f"environment/Dockerfile: {e}", "dockerfile") from None
+    for ins in parsed:
+        arg = ins.args.strip().strip("\"'")
+        if ins.keyword == "FROM":
             workdir = DEFAULT_WORKDIR  # every build stage starts from its base image's
-        elif word.upper() == "WORKDIR" and arg:
+        elif ins.keyword == "WORKDIR" and arg:
             if "$" in arg:
                 raise _Skip(f"environment/Dockerfile: WORKDIR {arg} uses a variable we cannot "
-                            f"resolve without Docker")
+                            f"resolve without Docker", "dockerfile")
             workdir = posixpath.normpath(posixpath.join(workdir, arg))  # relative: to the last
     try:
         check_workdir(workdir)
     except ValueError:
-        raise _Skip(f"environment/Dockerfile: WORKDIR {workdir} cannot be the sandbox workspace") from None
+        raise _Skip(f"environment/Dockerfile: WORKDIR {workdir} cannot be the sandbox workspace", "dockerfile") from None
     return workdir
 
 
@@ -277,7 +302,7 @@ def _solution(folder: Path, env: dict[str, str]) -> list[str]:
     used = [rel for rel in others if posixpath.basename(rel) in script]
     if used or (others and "/solution" in script):
         raise _Skip(f"solution/solve.sh needs other files of solution/ "
-                    f"({', '.join(used or others)}); only a self-contained solve.sh is supported")
+                    f"({', '.join(used or others)}); only a self-contained solve.sh is supported", "solution-files")
     if not script.strip():
         return []
     return [_exports(env) + script]
@@ -296,12 +321,12 @@ def _chmod(paths: list[str]) -> str:
 def _env(config: dict, section: str) -> dict[str, str]:
     env = _table(config, section).get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise _Skip(f"task.toml: {section}.env must be a table of strings")
+        raise _Skip(f"task.toml: {section}.env must be a table of strings", "task.toml")
     for key, value in env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise _Skip(f"task.toml: {section}.env has an invalid variable name {key!r}")
+            raise _Skip(f"task.toml: {section}.env has an invalid variable name {key!r}", "task.toml")
         if "${" in value:  # Harbor fills these from the host (API keys): nothing to fill them with
-            raise _Skip(f"task.toml: {section}.env.{key} needs a host variable ({value})")
+            raise _Skip(f"task.toml: {section}.env.{key} needs a host variable ({value})", "host-variables")
     return env
 
 
@@ -312,7 +337,7 @@ def _exports(env: dict[str, str]) -> str:
 def _table(config: dict, key: str) -> dict:
     value = config.get(key, {})
     if not isinstance(value, dict):
-        raise _Skip(f"task.toml: [{key}] must be a table")
+        raise _Skip(f"task.toml: [{key}] must be a table", "task.toml")
     return value
 
 

@@ -21,6 +21,7 @@ themselves are made there too (`podman.argv`).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -29,8 +30,10 @@ import tempfile
 import threading
 import time
 
+from obsspec.env import dockerfile
 from obsspec.env.podman import (INSTALL_HINT, SUPERVISOR, Environment, PodmanMissing, cache_dir, image_exists,
                                 podman)
+from obsspec.env.semantics import HARBOR
 from obsspec.env.podman import say as podman_say
 
 BASE_IMAGE = "obsspec-debian:bookworm"
@@ -43,6 +46,10 @@ PACKAGES_LABEL = "obsspec.packages"  # the base image's BASE_PACKAGES: other one
 # are executable in the task folder; it is not written into the context, the files it names get
 # mode 0755 there (so `COPY run.sh /app/` keeps run.sh runnable).
 EXECUTABLES = ".obsspec-executable"
+# Harbor semantics: what the harness runs from the image's own (read-only) root, and the label
+# that keeps the task's USER.
+HARBOR_TOOLS = ("bash", "python3", "mkfifo", "tar", "head", "find")
+USER_LABEL = "obsspec.user"
 BUILD_TIMEOUT_S = 1800.0
 BASE_BUILD_TIMEOUT_S = 900.0
 # FROM names that mean our base (Debian 12): with or without a registry prefix.
@@ -129,7 +136,10 @@ _pulls: dict[str, str] = {}  # image name -> why it could not be pulled ('' = pu
 
 
 def unavailable(name: str) -> str:
-    """Why image `name` cannot be had ('' = it is local, or a registry gave it now)."""
+    """Why image `name` cannot be had ('' = it is local, or a registry gave it now). Asked once
+    per name and process: an import of thousands of tasks on one base asks podman once."""
+    if _pulls.get(name):
+        return _unavailable_text(name)
     if shutil.which("podman") is not None and image_exists(name):
         return ""
     if shutil.which("podman") is None:
@@ -138,83 +148,129 @@ def unavailable(name: str) -> str:
         done = podman("pull", "--quiet", name, timeout=BUILD_TIMEOUT_S)
         lines = (done.stdout or "").strip().splitlines()
         _pulls[name] = "" if done.returncode == 0 else (lines[-1][:300] if lines else f"exit {done.returncode}")
-    if _pulls[name]:
-        return (f"base image {name} is not here and could not be pulled ({_pulls[name]}); without a "
-                f"registry only debian:bookworm, debian:bookworm-slim and debian:12 (built locally as "
-                f"{BASE_IMAGE}) or images already in podman can be used")
-    return ""
+    return _unavailable_text(name) if _pulls[name] else ""
 
 
-def from_names(dockerfile: str) -> list[tuple[str, str]]:
-    """(base, stage name or '') of every FROM line, in order."""
-    found = []
-    for line in dockerfile.replace("\\\n", " ").splitlines():
-        words = line.split()
-        if words and words[0].upper() == "FROM":
-            args = [w for w in words[1:] if not w.startswith("--")]
-            if args:
-                stage = args[2] if len(args) >= 3 and args[1].upper() == "AS" else ""
-                found.append((args[0], stage))
-    return found
+def _unavailable_text(name: str) -> str:
+    return (f"base image {name} is not here and could not be pulled ({_pulls[name]}); without a "
+            f"registry only debian:bookworm, debian:bookworm-slim and debian:12 (built locally as "
+            f"{BASE_IMAGE}) or images already in podman can be used")
 
 
-def offline_problem(dockerfile: str) -> str:
-    """Why a Dockerfile cannot be built here, by its FROM lines ('' = it can, as far as they
-    tell): a base that is neither ours, nor local, nor pulled now from a registry."""
+def from_names(text: str) -> list[tuple[str, str]]:
+    """(base, stage name or '') of every FROM instruction, in order (heredoc bodies skipped)."""
+    return dockerfile.from_lines(text)
+
+
+def offline_problem(text: str) -> tuple[str, str]:
+    """(kind, why) a Dockerfile cannot be built here (('', '') = it can, as far as its FROM lines
+    and heredocs tell): a heredoc we cannot translate (kind 'dockerfile'), a build argument in
+    FROM ('dockerfile'), or a base that is neither ours, nor local, nor pulled now from a
+    registry ('base-image')."""
+    try:
+        dockerfile.translate_heredocs(text)
+    except dockerfile.Untranslatable as e:
+        return "dockerfile", str(e)
     stages: set[str] = set()
-    for base, stage in from_names(dockerfile):
+    for base, stage in from_names(text):
         if "$" in base:
-            return f"FROM {base} uses a build argument we cannot resolve offline"
+            return "dockerfile", f"FROM {base} uses a build argument we cannot resolve offline"
         if base not in stages and base != "scratch" and not LOCAL_BASE.fullmatch(base):
             problem = unavailable(base)
             if problem:
-                return problem
+                return "base-image", problem
         if stage:
             stages.add(stage)
-    return ""
+    return "", ""
 
 
 def ensure_image(environment: Environment, workdir: str, etc: dict[str, str], say=None) -> str:
-    """The image for a task's environment (built once per distinct context, workdir and /etc
-    files of ours: passwd, group, hosts; baked in, so that no host path shows in mountinfo)."""
+    """The image for a task's environment (built once per distinct context, workdir, semantics
+    and /etc files of ours: passwd, group, hosts; baked in, so that no host path shows in
+    mountinfo). BuildKit heredocs are translated first (obsspec/env/dockerfile.py)."""
     say = say or podman_say
     files = dict(environment.files)
     if "Dockerfile" not in files:
         files = {"Dockerfile": f"FROM {environment.image or 'debian:bookworm'}\n"}
-    tag = task_tag(files, workdir, etc, base_ids(files["Dockerfile"]))
+    harbor = environment.semantics == HARBOR
+    # (Harbor's layer is in its name: a change to it builds new images, never a stale one)
+    layer = _harbor_layer("SRC", "USER", workdir, etc) if harbor else ""
+    tag = task_tag(files, workdir, etc, base_ids(files["Dockerfile"]), layer)
     digest = tag.split(":")[1]
     with _lock(tag), _FileLock(f"task-{digest}"):
         if image_exists(tag):
             return tag
-        dockerfile = _with_our_layer(_resolved(files["Dockerfile"]), workdir, etc)
+        try:
+            text, extra = dockerfile.translate_heredocs(files["Dockerfile"])
+        except dockerfile.Untranslatable as e:
+            raise ImageUnavailable(f"environment/Dockerfile: {e}") from None
         say(f"building image {tag} for {workdir} ({len(files)} context files)")
         t0 = time.monotonic()
         log_path = os.path.join(cache_dir(), f"build-{digest}.log")
-        with tempfile.TemporaryDirectory(prefix="obsspec-ctx-") as ctx, open(log_path, "w") as log:
-            executable = set(files.get(EXECUTABLES, "").splitlines())
-            for rel, text in files.items():
-                if rel == EXECUTABLES:
-                    continue
-                path = os.path.join(ctx, rel)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
-                    f.write(dockerfile if rel == "Dockerfile" else text)
-                os.chmod(path, 0o755 if rel in executable else 0o644)
-            for name, text in etc.items():
-                with open(os.path.join(ctx, f".obsspec-etc-{name}"), "w") as f:
-                    f.write(text)
-            done = podman("build", "--pull=never", "--layers", "-t", tag, "-f",
-                          os.path.join(ctx, "Dockerfile"), ctx, timeout=BUILD_TIMEOUT_S, log=log)
-        if done.returncode != 0:
-            raise ImageUnavailable(f"image build failed: {_reason(log_path)} (log: {log_path})")
+        with open(log_path, "w") as log:
+            context = {**files, **extra}
+            if not harbor:
+                _build(tag, _with_our_layer(_resolved(text), workdir, etc), context, etc, log, log_path)
+            else:  # the task's own image first: its USER is the agent (our layer says root)
+                _build(f"{tag}-src", _resolved(text), context, {}, log, log_path)
+                user = image_config(f"{tag}-src")["user"]
+                ours = {k: v for k, v in etc.items() if k in ("hostname", "hosts")}  # (its own users)
+                _build(tag, _harbor_layer(f"{tag}-src", user, workdir, ours), {}, ours, log, log_path)
         say(f"built {tag} in {time.monotonic() - t0:.0f} s")
         return tag
 
 
-def task_tag(files: dict[str, str], workdir: str, etc: dict[str, str], bases: list[str]) -> str:
+def _build(tag: str, text: str, files: dict[str, str], etc: dict[str, str], log, log_path: str) -> None:
+    """`podman build -t tag` of Dockerfile `text` in a context holding `files` (their modes from
+    EXECUTABLES) and our /etc files."""
+    with tempfile.TemporaryDirectory(prefix="obsspec-ctx-") as ctx:
+        executable = set(files.get(EXECUTABLES, "").splitlines())
+        for rel, content in {**files, "Dockerfile": text}.items():
+            if rel == EXECUTABLES:
+                continue
+            path = os.path.join(ctx, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
+                f.write(content)
+            os.chmod(path, 0o755 if rel in executable else 0o644)
+        for name, content in etc.items():
+            with open(os.path.join(ctx, f".obsspec-etc-{name}"), "w") as f:
+                f.write(content)
+        log.flush()
+        done = podman("build", "--pull=never", "--layers", "-t", tag, "-f",
+                      os.path.join(ctx, "Dockerfile"), ctx, timeout=BUILD_TIMEOUT_S, log=log)
+    if done.returncode != 0:
+        raise ImageUnavailable(f"image build failed: {_reason(log_path)} (log: {log_path})")
+
+
+_configs: dict[str, dict] = {}
+
+
+def image_config(tag: str) -> dict:
+    """What `docker run IMAGE` would do with a built image: its user (our Harbor layer records
+    the task's own in a label), entrypoint, cmd, environment and working directory."""
+    if tag not in _configs:
+        out = podman("image", "inspect", "--format", "{{json .Config}}", tag, timeout=60)
+        try:
+            config = json.loads(out.stdout) if out.returncode == 0 else None
+        except ValueError:
+            config = None
+        if not isinstance(config, dict):
+            raise ImageUnavailable(f"cannot read the configuration of image {tag}: {out.stdout.strip()[-200:]}")
+        labels = config.get("Labels") or {}
+        _configs[tag] = {"user": labels.get(USER_LABEL, config.get("User") or ""),
+                         "entrypoint": list(config.get("Entrypoint") or []), "cmd": list(config.get("Cmd") or []),
+                         "env": list(config.get("Env") or []), "workdir": config.get("WorkingDir") or "/"}
+    return _configs[tag]
+
+
+def task_tag(files: dict[str, str], workdir: str, etc: dict[str, str], bases: list[str],
+             layer: str = "") -> str:
     """The task image's name: a hash of everything it is built from, the IDs of the images it
-    builds on included (`bases`), so that a rebuilt base means rebuilt task images."""
-    key = repr((sorted(files.items()), workdir, sorted(etc.items()), bases))
+    builds on included (`bases`), so that a rebuilt base means rebuilt task images. Harbor
+    semantics name their layer of ours (`layer`); the isolated images keep their names."""
+    parts = (sorted(files.items()), workdir, sorted(etc.items()), bases)
+    key = repr((*parts, layer) if layer else parts)
     return f"{TASK_REPO}:{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
@@ -241,21 +297,21 @@ def image_id(name: str) -> str:
     return out.stdout.strip()
 
 
-def _resolved(dockerfile: str) -> str:
-    """The Dockerfile with every FROM name that means our base replaced by it."""
+def _resolved(text: str) -> str:
+    """The Dockerfile (without heredocs) with every FROM name that means our base replaced by it."""
     stages: set[str] = set()
     out = []
-    for line in dockerfile.splitlines():
-        words = line.split()
-        if words and words[0].upper() == "FROM":
-            args = [w for w in words[1:] if not w.startswith("--")]
+    for ins in dockerfile.instructions(text):
+        line = ins.raw
+        if ins.keyword == "FROM":
+            args = [w for w in ins.args.split() if not w.startswith("--")]
             if args:
                 base = resolve_base(args[0], stages)
                 if len(args) >= 3 and args[1].upper() == "AS":
                     stages.add(args[2])
                 line = line.replace(args[0], base, 1)
         out.append(line)
-    return "\n".join(out) + "\n"
+    return "".join(out).rstrip("\n") + "\n"
 
 
 def _with_our_layer(dockerfile: str, workdir: str, etc: dict[str, str]) -> str:
@@ -270,6 +326,23 @@ def _with_our_layer(dockerfile: str, workdir: str, etc: dict[str, str]) -> str:
             f"RUN {check} && install -d -m 0755 /usr/lib/obsspec && "
             f"install -m 0111 \"$(command -v bash)\" {SUPERVISOR} && "
             f"mkdir -p {workdir} && chown -R 1000:1000 {workdir}\n")
+
+
+def _harbor_layer(src: str, user: str, workdir: str, etc: dict[str, str]) -> str:
+    """Our layer for Harbor semantics, on the task's own image `src`: a check for the tools the
+    harness runs from the image's pristine root, PID 1's bash at a path of ours, and the task's
+    USER as a label (our `USER root` hides it). PID 1 needs no execute-only bash here: it holds
+    a capability no agent process has, so none may trace it."""
+    check = (
+        f'for p in {" ".join(HARBOR_TOOLS)}; do command -v "$p" >/dev/null || '
+        '{ echo "obsspec: the image has no $p (harbor semantics need bash, python3 and util-linux)"; exit 1; }; done'
+    )
+    return (f"FROM {src}\nUSER root\n" +
+            "".join(f"COPY .obsspec-etc-{name} /etc/{name}\n" for name in sorted(etc)) +
+            f"RUN {check} && install -d -m 0755 /usr/lib/obsspec && "
+            f"install -m 0755 \"$(command -v bash)\" {SUPERVISOR} && "
+            f"mkdir -p {workdir}\n"
+            f"LABEL {USER_LABEL}={json.dumps(user)}\n")
 
 
 def _reason(log_path: str) -> str:

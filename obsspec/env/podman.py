@@ -26,6 +26,7 @@ import json
 import os
 import resource
 import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,7 @@ import threading
 from dataclasses import dataclass, field
 
 from obsspec.env import seccomp
-from obsspec.env.bwrap import HARNESS_TMPFS_MB, SHM_MB, STATE_DIR
+from obsspec.env.bwrap import HARNESS_TMPFS_MB, SHM_MB, STATE_DIR, script
 
 LABEL = "obsspec.episode"
 OWNER_LABEL = "obsspec.owner"  # 'PID:START' of the harness process that started the container
@@ -60,6 +61,7 @@ class Environment:
     memory_mb: int = 0
     storage_mb: int = 0
     internet: bool = False
+    semantics: str = ""  # obsspec/env/semantics.py ('' = isolated)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,6 +250,66 @@ def argv(config, workdir: str, image: str, environment: Environment, name: str,
     for key, value in sorted(supervisor_env.items()):
         out += ["--env", f"{key}={value}"]
     return out + [image, "--noprofile", "--norc", "-c", script]
+
+
+# Harbor semantics: the agent's capabilities are Docker's default set and NET_ADMIN (its own
+# network namespace); the harness (PID 1) holds SYS_ADMIN on top to make the agent's and the
+# verifier's namespaces (scripts/world.py keeps the same list for the agent).
+AGENT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+              "NET_BIND_SERVICE", "NET_ADMIN", "NET_RAW", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP")
+HARBOR_DIR = "/run/obsspec"  # the harness's mounts: upper (the agent's changes), verify
+HARNESS_PROCS = 64  # processes the harness may start beyond the agent's max_procs
+HARNESS_MEMORY_MB = 256  # memory the agent's storage leaves to the harness and the verifier
+
+
+def harbor_argv(config, workdir: str, image: str, environment: Environment, name: str,
+                supervisor_env: dict[str, str], script: str, uid_base: int | None) -> list[str]:
+    """`podman run` for an episode with Harbor semantics (scripts/supervisor_harbor.sh): the
+    image's root read-only (the harness's pristine tools; the agent writes to an overlay on a
+    tmpfs of the task's storage size), root in a user namespace of its own host range
+    (`uid_base`; a non-root harness gets podman's rootless one), no no-new-privileges (setuid
+    programs of the image work, as in Docker)."""
+    memory_mb = environment.memory_mb or config.memory_mb
+    # The agent's writes are a tmpfs charged to the container's memory: filled, it must leave the
+    # harness (PID 1, the relay, the janitor, the verifier) room to work, so it is capped there.
+    storage_mb = min(environment.storage_mb or config.workspace_mb, max(64, memory_mb - HARNESS_MEMORY_MB))
+
+    def tmpfs(path: str, mb: int, mode: str = "0755") -> list[str]:
+        return ["--tmpfs", f"{path}:rw,exec,suid,nodev,size={mb}m,mode={mode}"]
+
+    out = [check_podman(), "run", "-i", "--rm", "--name", name, "--label", f"{LABEL}=1",
+           "--label", f"{OWNER_LABEL}={owner()}", "--pull=never", "--log-driver=none",
+           "--entrypoint", SUPERVISOR, "--user", "0:0", "--passwd=false", "--hostname", config.hostname,
+           "--no-hosts", "--read-only", "--read-only-tmpfs=false", "--cap-drop=all",
+           *(f"--cap-add={cap}" for cap in (*AGENT_CAPS, "SYS_ADMIN")), "--workdir", "/",
+           "--memory", f"{memory_mb}m", "--memory-swap", f"{memory_mb}m",
+           "--pids-limit", str(config.max_procs + HARNESS_PROCS), "--cpus", f"{environment.cpus or 1:g}",
+           "--network", "slirp4netns" if environment.internet else "none",
+           *tmpfs(STATE_DIR, HARNESS_TMPFS_MB, "0700"), *tmpfs(HARBOR_DIR, 1, "0700"),
+           *tmpfs(f"{HARBOR_DIR}/upper", storage_mb),
+           *tmpfs(f"{HARBOR_DIR}/verify", config.tmp_mb, "0700"),
+           "--security-opt", f"seccomp={seccomp_profile()}"]
+    if uid_base is not None:
+        out += ["--uidmap", f"0:{uid_base}:65536", "--gidmap", f"0:{uid_base}:65536"]
+    for key, value in sorted(supervisor_env.items()):
+        out += ["--env", f"{key}={value}"]
+    return out + [image, "--noprofile", "--norc", "-c", script]
+
+
+def harbor_env(config, workdir: str, image: dict, internet: bool) -> dict[str, str]:
+    """PID 1's environment for Harbor semantics (what podman adds to the image's own `ENV`): the
+    scripts it runs, the limits, and what `docker run` would do with the image (`image`:
+    images.image_config)."""
+    env = {"OBSSPEC_WORKDIR": workdir, "OBSSPEC_STATE_DIR": STATE_DIR,
+           "OBSSPEC_MAX_PROCS": str(config.max_procs), "OBSSPEC_HARNESS_PROCS": str(config.max_procs + HARNESS_PROCS),
+           "OBSSPEC_USER": image["user"], "OBSSPEC_IMAGE_WORKDIR": image["workdir"],
+           "OBSSPEC_ENTRYPOINT": shlex.join(image["entrypoint"] + image["cmd"]),
+           "OBSSPEC_INTERNET": "1" if internet else "0",
+           # (the runner's: no pinned clock, no preloaded library)
+           "OBSSPEC_DETERMINISTIC": "0", "OBSSPEC_FAKETIME_LIB": "", "OBSSPEC_STDBUF_LIB": ""}
+    env.update({f"OBSSPEC_{name.upper()}": script(f"{name}.{ext}") for name, ext in
+                (("runner", "sh"), ("janitor", "py"), ("relay", "py"), ("world", "py"))})
+    return env
 
 
 def host_pid(name: str) -> int:

@@ -27,6 +27,10 @@ What an episode gets (docs/ENVIRONMENT.md):
 
 When the harness runs as root, the sandbox runs as `nobody` on the host, so that process limits
 apply (the kernel exempts root from RLIMIT_NPROC) and nothing inside has host privileges.
+
+Tasks with Harbor semantics (obsspec/env/semantics.py) run in a container whose PID 1 is
+scripts/supervisor_harbor.sh: the same protocol, other guarantees (services live on, root in the
+container, one HOME and the real clock; docs/ENVIRONMENT.md, "Harbor semantics").
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from obsspec.env import bwrap, images, podman
 from obsspec.env.placement import PLACEMENTS, RayPlacement
 from obsspec.fields import doc, to_dict
 from obsspec.chat import capture_bytes_for
+from obsspec.env.semantics import HARBOR
 from obsspec.env.task import check_workdir
 
 
@@ -81,8 +86,8 @@ class SandboxConfig:
                                    "this host (explicit opt-in only; warns).")
     backend: str = doc("bwrap", "What isolates tasks that name no image: 'bwrap' (bubblewrap, "
                                  "the host's /usr) or 'podman' (a container of the local Debian 12 "
-                                 "base image). Tasks with an image (a Harbor Dockerfile) always "
-                                 "run in podman.")
+                                 "base image). Tasks with an image (a Harbor Dockerfile), or "
+                                 "with Harbor semantics, always run in podman.")
     timeout_s: float = doc(30.0, "Per-command timeout, seconds (the upper bound of the tool "
                                   "call's `timeout`); the command and everything it started are "
                                   "killed, the shell state survives.")
@@ -211,7 +216,8 @@ class Sandbox:
     async def start(self, files: dict[str, str] | None = None, setup: str = "") -> None:
         """Start the shell, write `files` into the workspace and run `setup` there."""
         cfg = self.config
-        if cfg.deterministic and not bwrap.faketime_lib():
+        harbor = self.environment is not None and self.environment.semantics == HARBOR
+        if cfg.deterministic and not harbor and not bwrap.faketime_lib():
             # (without it the pinned clock would silently be the real one)
             raise SandboxUnavailable("sandbox.deterministic needs libfaketime: run `sudo apt-get install "
                                      "faketime` (or `make install`), or set sandbox.deterministic=false")
@@ -277,6 +283,8 @@ class Sandbox:
             image = images.ensure_image(environment, self.workdir, bwrap.etc_files(cfg.hostname))
         except podman.PodmanMissing as e:
             raise SandboxUnavailable(str(e)) from None
+        if environment.semantics == HARBOR:
+            return self._harbor_argv(image, environment)
         memory_mb = environment.memory_mb or cfg.memory_mb
         # Process limits are the container's pids cgroup: every container runs as the same host
         # uid, so a per-uid RLIMIT_NPROC would count the processes of every episode together.
@@ -285,6 +293,21 @@ class Sandbox:
         self.container = podman.container_name()
         return podman.argv(cfg, self.workdir, image, environment, self.container, env,
                            bwrap.next_cpu() if cfg.deterministic else None, bwrap.script("supervisor.sh"))
+
+    def _harbor_argv(self, image: str, environment: podman.Environment) -> list[str]:
+        """`podman run` for Harbor semantics (obsspec/env/semantics.py): the image's own user,
+        entrypoint and environment; a host uid range of its own when the harness is root."""
+        cfg, config = self.config, images.image_config(image)
+        if os.geteuid() == 0:
+            try:
+                self._uid = bwrap.HostUid(base=bwrap.HOST_RANGE_BASE, slots=bwrap.HOST_RANGE_SLOTS,
+                                          size=bwrap.HOST_RANGE_SIZE)
+            except OSError as e:
+                raise SandboxUnavailable(f"cannot give the container a host uid range of its own: {e}") from None
+        env = podman.harbor_env(cfg, self.workdir, config, environment.internet)
+        self.container = podman.container_name()
+        return podman.harbor_argv(cfg, self.workdir, image, environment, self.container, env,
+                                  bwrap.script("supervisor_harbor.sh"), self._uid and self._uid.uid)
 
     async def close(self) -> None:
         """Kill every process of the episode and free its files. Safe to call twice.
@@ -357,9 +380,12 @@ class Sandbox:
             raise SandboxError(f"could not write the verifier's files: {_tail(untar)}")
         limit = min(timeout_s or cfg.timeout_s * 4, cfg.max_verify_s)
         result = await self._request("verify", _encode(script), clock, limit)
-        if reward_file:
-            written = await self._request("reward", b"", clock, 30)
-            if written.exit_code == 0:
+        harbor = self.environment is not None and self.environment.semantics == HARBOR
+        if reward_file or harbor:  # (Harbor semantics: the janitor looks again after the verifier)
+            written = await self._request("reward", b"", clock, RESET_TIMEOUT_S if harbor else 30)
+            if written.exit_code == TAMPERED:
+                return 0.0
+            if reward_file and written.exit_code == 0:
                 try:
                     value = float(written.output.decode("ascii", "replace").strip())
                 except ValueError:

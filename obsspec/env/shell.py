@@ -2,6 +2,9 @@
 
     obsspec shell find-by-name-00003 -c 'ls -la' -c 'cat notes.txt'
     obsspec shell find-by-name-00003            # interactive; Ctrl-D ends, then the verifier runs
+
+The header says which semantics the task runs with (obsspec/env/semantics.py): a built-in task's
+isolated sandbox, or an imported task's Harbor container, with what each means.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Callable, Iterable
 from obsspec import chat
 from obsspec.env.episode import observation, start_sandbox, verify_task
 from obsspec.env.sandbox import SandboxConfig, SandboxError
+from obsspec.env.semantics import ISOLATED, describe
 from obsspec.env.suite import SuiteError, TaskNotFound, load_tasks, task_by_id
 from obsspec.env.task import Task
 
@@ -34,7 +38,10 @@ async def shell_session(task: Task, config: SandboxConfig, commands: Iterable[st
     sandbox = await start_sandbox(task, config)
     exit_codes = []
     try:
-        emit(f"# task {task.task_id} ({task.family}), workdir {task.workdir}\n# {task.instruction}\n")
+        emit(f"# task {task.task_id} ({task.family}), workdir {task.workdir}\n"
+             f"# semantics: {task.semantics or ISOLATED}\n"
+             + "".join(f"#   - {line}\n" for line in describe(task.semantics))
+             + f"# {task.instruction}\n")
         for command in commands if commands is not None else _stdin_commands(task.workdir):
             result = await sandbox.run(command)
             exit_codes.append(result.exit_code)

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 
 from obsspec.env.episode import EpisodeRecord, preflight, run_scripted
 from obsspec.env.families import all_families
+from obsspec.env.images import ImageUnavailable
 from obsspec.env.sandbox import SandboxConfig, output_settings
+from obsspec.env.semantics import ISOLATED, NAMES
 from obsspec.env.task import Task
 from obsspec.fields import doc, to_dict
 from obsspec.progress import Display
@@ -55,6 +57,10 @@ class TasksConfig:
     seed: int = doc(0, "Seed of the task generators: same seed, byte-identical task suite.")
     val_fraction: float = doc(0.1, "Fraction of instances (per family) held out as validation.")
     harbor_dir: str = doc("", "A Harbor-layout task folder (or folder of them) to import as well.")
+    harbor_semantics: str = doc("harbor", "How imported Harbor tasks run: 'harbor' (as Harbor runs "
+                                          "them, in a container: services live on, the image's "
+                                          "USER (root), one HOME and the real clock) or 'isolated' "
+                                          "(the built-in families' deterministic sandbox).")
     determinism_check: bool = doc(True, "Run each reference solution twice and report which "
                                         "observations differ (the ceiling of any world model's hit rate).")
     workers: int = doc(4, "Sandboxes validated concurrently.")
@@ -64,6 +70,8 @@ class TasksConfig:
             raise ValueError("tasks.val_fraction must be in [0, 1)")
         if self.num_instances < 0 or self.workers < 1:
             raise ValueError("tasks.num_instances must be >= 0 and tasks.workers >= 1")
+        if self.harbor_semantics not in NAMES:
+            raise ValueError(f"tasks.harbor_semantics must be one of {', '.join(NAMES)}, not {self.harbor_semantics!r}")
 
 
 def instance_seed(seed: int, family: str, index: int) -> int:
@@ -100,7 +108,7 @@ def generate_builtin(cfg: TasksConfig) -> tuple[list[Task], list[dict]]:
         task = builtin_task(family, index, cfg.seed)
         key = identity(task)
         if key in seen:
-            dropped.append({"task_id": task.task_id, "reason": f"duplicate of {seen[key]}"})
+            dropped.append({"task_id": task.task_id, "reason": f"duplicate of {seen[key]}", "kind": "duplicate"})
             continue
         seen[key] = task.task_id
         tasks.append(task)
@@ -143,23 +151,24 @@ class Validation:
     repeat: EpisodeRecord | None = None
     problem: str = ""  # why the instance is dropped ('' = valid)
     differing: list[dict] = field(default_factory=list)
+    kind: str = ""  # the class of `problem` (the manifest counts dropped tasks per kind)
 
 
 async def validate_task(task: Task, config: SandboxConfig, determinism: bool) -> Validation:
     v = Validation(task)
     if not task.solution:
-        v.problem = "no reference solution"
+        v.problem, v.kind = "no reference solution", "no-solution"
         return v
     v.reference = await run_scripted(task, task.solution, config)
     v.idle = await run_scripted(task, [], config)
     for name, rec in (("reference", v.reference), ("do-nothing", v.idle)):
         if rec.infra_error:
-            v.problem = f"{name} episode failed in the sandbox: {rec.infra_error}"
+            v.problem, v.kind = f"{name} episode failed in the sandbox: {rec.infra_error}", "sandbox-error"
             return v
     if v.reference.reward < 1.0:
-        v.problem = f"reference solution scored {v.reference.reward:g} (must be 1)"
+        v.problem, v.kind = f"reference solution scored {v.reference.reward:g} (must be 1)", "reference-failed"
     elif v.idle.reward >= 1.0:
-        v.problem = "a do-nothing episode passes the verifier"
+        v.problem, v.kind = "a do-nothing episode passes the verifier", "do-nothing-passes"
     if determinism and not v.problem:
         v.repeat = await run_scripted(task, task.solution, config, verify=False)
         for i, (a, b) in enumerate(zip(v.reference.steps, v.repeat.steps)):
@@ -189,7 +198,8 @@ async def validate_all(tasks: list[Task], config: SandboxConfig, workers: int, d
                 except ValueError as e:  # this task's fault (content the sandbox refuses):
                     # dropped with the reason; raised, it left its siblings hanging mid-start.
                     # (A bug of ours still raises.)
-                    v = Validation(task, problem=f"could not be run: {type(e).__name__}: {e}")
+                    kind = "image" if isinstance(e, ImageUnavailable) else "refused"
+                    v = Validation(task, problem=f"could not be run: {type(e).__name__}: {e}", kind=kind)
             if sink is not None and not _infra_failed(v):
                 sink.write(json.dumps(_validation_to(key, v), sort_keys=True) + "\n")
                 sink.flush()
@@ -217,17 +227,19 @@ def _infra_failed(v: Validation) -> bool:
 def _validation_to(key: str, v: Validation) -> dict:
     rec = {name: (getattr(v, name).to_dict(with_timing=True) if getattr(v, name) else None)
            for name in ("reference", "idle", "repeat")}
-    return {"key": key, "problem": v.problem, "differing": v.differing, **rec}
+    return {"key": key, "problem": v.problem, "kind": v.kind, "differing": v.differing, **rec}
 
 
 def _validation_from(task: Task, d: dict) -> Validation:
     recs = {n: EpisodeRecord.from_dict(d[n]) if d[n] else None for n in ("reference", "idle", "repeat")}
-    return Validation(task, problem=d["problem"], differing=d["differing"], **recs)
+    return Validation(task, problem=d["problem"], differing=d["differing"], kind=d.get("kind", ""), **recs)
 
 
 def suite_settings(cfg: TasksConfig) -> dict:
-    """The tasks section that decides what a suite holds (how many workers built it does not)."""
-    return {k: v for k, v in to_dict(cfg).items() if k != "workers"}
+    """The tasks section that decides what a suite holds (how many workers built it does not, nor
+    how Harbor tasks run when none are imported)."""
+    drop = {"workers"} | (set() if cfg.harbor_dir else {"harbor_semantics"})
+    return {k: v for k, v in to_dict(cfg).items() if k not in drop}
 
 
 def _load_checkpoint(path: str) -> dict[str, dict]:
@@ -252,13 +264,14 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
     """Generate and import the tasks, validate each in a sandbox, and write the suite to `out_dir`."""
     t0 = time.monotonic()
     tasks, dropped = generate_builtin(cfg) if cfg.builtin else ([], [])
-    skipped_imports = []
+    skipped_imports, reasons = [], Counter("dropped: duplicate" for _ in dropped)
     if cfg.harbor_dir:
         from obsspec.env.harbor import import_harbor
 
-        report = import_harbor(cfg.harbor_dir)
+        report = import_harbor(cfg.harbor_dir, semantics=cfg.harbor_semantics)
         tasks += report.tasks
-        skipped_imports = [{"task": name, "reason": why} for name, why in report.skipped]
+        skipped_imports = [{"task": name, "reason": why, "kind": report.kinds[name]} for name, why in report.skipped]
+        reasons.update({f"skipped: {kind}": n for kind, n in report.counts().items()})
     t_gen = time.monotonic() - t0
     if sandbox.isolation == "bwrap":
         await preflight(sandbox)
@@ -267,7 +280,8 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
     validations = await validate_all(tasks, sandbox, cfg.workers, cfg.determinism_check,
                                      display, checkpoint)
     valid = [v for v in validations if not v.problem]
-    dropped += [{"task_id": v.task.task_id, "reason": v.problem} for v in validations if v.problem]
+    dropped += [{"task_id": v.task.task_id, "reason": v.problem, "kind": v.kind} for v in validations if v.problem]
+    reasons.update(f"dropped: {v.kind}" for v in validations if v.problem)
     train, val = split([v.task for v in valid], cfg.val_fraction, cfg.seed)
 
     files = {
@@ -289,6 +303,10 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
     manifest = {
         "tasks": suite_settings(cfg), "seed": cfg.seed, "counts": {"train": len(train), "val": len(val), "dropped": len(dropped)},
         "families": dict(sorted(families.items())),
+        # which semantics the suite's tasks run with (obsspec/env/semantics.py), and what each
+        # class of skip (import) and drop (validation) reason cost
+        "semantics": dict(sorted(Counter(t.semantics or ISOLATED for t in train + val).items())),
+        "reasons": dict(reasons.most_common()),
         "dropped": dropped, "skipped_imports": skipped_imports,
         "sha256": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in files.items()},
     }
@@ -301,6 +319,7 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
         "command": "prepare-tasks", "out_dir": out_dir,
         "train": len(train), "val": len(val), "dropped": len(dropped),
         "skipped_imports": len(skipped_imports), "families": len(families),
+        "reasons": dict(reasons.most_common()),
         "determinism_identical_fraction": json.loads(files["determinism.json"])["identical_fraction"],
         "commands_differing": len(differing),
         "generate_sec": round(t_gen, 3), "total_sec": round(time.monotonic() - t0, 3),

@@ -19,6 +19,9 @@ Conventions every task follows:
   storage_mb, internet) as its limits. Tasks without them run in the recipe's sandbox backend.
 - `kind` (optional) names the family's variant of the task (dir-stats: which number is asked);
   training interleaves kinds so every part of a run sees the same mix, and reports success per kind.
+- `semantics` (optional) is how the task's terminal behaves (obsspec/env/semantics.py): '' is
+  `isolated` (the built-in families); `harbor` (imported tasks) runs in a container as Harbor
+  runs it: services live on, root in the container, one HOME and the real clock.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import math
 import posixpath
 import re
 from dataclasses import dataclass, field
+
+from obsspec.env.semantics import HARBOR, ISOLATED, check as check_semantics
 
 # A workspace cannot be (or be under) these: system dirs bound read-only, the sandbox's own mounts.
 RESERVED_DIRS = ("/usr", "/etc", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
@@ -70,6 +75,7 @@ class Task:
     image: str = ""
     image_files: dict[str, str] = field(default_factory=dict)
     resources: dict = field(default_factory=dict)
+    semantics: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.task_id, str) or not TASK_ID.fullmatch(self.task_id):
@@ -84,6 +90,10 @@ class Task:
             if key not in RESOURCES or not RESOURCES[key](value):
                 raise ValueError(f"task resources: {key}={value!r:.40} is not one of {', '.join(RESOURCES)} "
                                  "(cpus, memory_mb, storage_mb: positive numbers; internet: true/false)")
+        if self.semantics:  # ('' is isolated; naming it would change the suite's hashes)
+            check_semantics(self.semantics)
+            if self.semantics == ISOLATED:
+                raise ValueError("task semantics 'isolated' is written as '' (the default)")
         texts = [self.instruction, self.setup, self.verify, *self.solution,
                  *self.files.values(), *self.verify_files.values(), *self.image_files.values(), self.image]
         if any("\0" in t for t in texts):
@@ -93,7 +103,7 @@ class Task:
         d = dataclasses.asdict(self)
         if not d["verify_timeout_s"]:  # absent when unset: the suites and hashes of tasks without it
             del d["verify_timeout_s"]  # stay byte for byte what they were
-        for name in ("image", "image_files", "resources"):  # the same for these
+        for name in ("image", "image_files", "resources", "semantics"):  # the same for these
             if not d[name]:
                 del d[name]
         return d
@@ -128,6 +138,11 @@ class Task:
         return bool(self.image or self.image_files)
 
     @property
+    def harbor(self) -> bool:
+        """Does the task run with Harbor semantics (always in a container)?"""
+        return self.semantics == HARBOR
+
+    @property
     def reward_file(self) -> bool:
         """Does the verifier report through /logs/verifier/reward.txt (Harbor's convention)?
         Built-in verifiers report by exit status only."""
@@ -156,7 +171,7 @@ _TYPE_NAMES = {"solution": "a list of strings", "files": "an object of strings",
                "verify_timeout_s": "a number of seconds >= 0", "image_files": "an object of strings",
                "resources": "an object"}
 _TYPES = {name: lambda v: isinstance(v, str) for name in
-          ("task_id", "family", "instruction", "verify", "setup", "workdir", "source", "kind")}
+          ("task_id", "family", "instruction", "verify", "setup", "workdir", "source", "kind", "semantics")}
 _TYPE_NAMES.update({name: "a string" for name in _TYPES})
 _TYPES.update({
     "solution": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),

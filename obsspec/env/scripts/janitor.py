@@ -30,6 +30,13 @@
 # Usage (stdin: the NUL-separated paths / held before the agent's first command):
 #   python3 -I -c "$OBSSPEC_JANITOR" sandboxed|container|host TESTS LOGS STATE WORKDIR HOME
 # (container: sandboxed in a podman container, whose / is read-only: nothing there to sweep)
+#   python3 -I -c "$OBSSPEC_JANITOR" harbor UPPER ROOT before|after
+# (Harbor semantics: the agent owns its whole root ROOT, an overlay whose upper dir UPPER holds
+# everything it changed; the verifier's /tests and /logs are its own, out of the agent's sight.
+# Only the links remain to undo: every link the agent made that leads the verifier into /tests,
+# /logs or /proc (also through /dev/fd, /dev/stdin) is removed, resolved as the verifier's view
+# resolves it, with ROOT as its /. Agent processes live on while the verifier runs, so the sweep
+# runs again `after` it: a link found then was made meanwhile, and the episode scores 0.)
 
 import errno
 import fcntl
@@ -245,6 +252,101 @@ def sweep_root(original: set[str]) -> None:
                 pending.append(path)
 
 
+FORBIDDEN_TOP = {"tests", "logs", "proc"}  # in the verifier's view: its own files, and /proc
+FORBIDDEN_DEV = {"fd", "stdin", "stdout", "stderr"}  # /dev entries that lead into /proc
+
+
+def reaches_in(here_fd: int, name: str, root_fd: int) -> bool:
+    """Does following symlink `name` (in directory here_fd) in a view whose / is root_fd pass
+    through a forbidden top-level name? Resolved a component and a link at a time, as the
+    kernel resolves it in that view ('..' at its / stays there)."""
+    root = os.fstat(root_fd)
+    is_root = lambda fd: (lambda st: (st.st_dev, st.st_ino) == (root.st_dev, root.st_ino))(os.fstat(fd))  # noqa: E731
+    here = os.dup(here_fd)
+    parent_is_root = False  # are we in <root>/dev? (its fd, stdin, ... lead into /proc)
+    todo = [name]
+    hops = 0
+    try:
+        while todo:
+            tick()
+            part = todo.pop()
+            if part in ("", "."):
+                continue
+            at_root = is_root(here)
+            if part == "..":
+                if not at_root:
+                    step = os.open("..", os.O_PATH | os.O_DIRECTORY, dir_fd=here)
+                    os.close(here)
+                    here = step
+                parent_is_root = False
+                continue
+            if (at_root and part in FORBIDDEN_TOP) or (parent_is_root and part in FORBIDDEN_DEV):
+                return True
+            st = os.stat(part, dir_fd=here, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                hops += 1
+                if hops > MAX_HOPS:
+                    return False
+                target = os.readlink(part, dir_fd=here)
+                todo.extend(reversed(target.split("/")))
+                if target.startswith("/"):
+                    os.close(here)
+                    here = os.dup(root_fd)
+                    parent_is_root = False
+            elif stat.S_ISDIR(st.st_mode):
+                step = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=here)
+                os.close(here)
+                here = step
+                parent_is_root = at_root and part == "dev"
+            elif any(p not in ("", ".") for p in todo):
+                return False
+        return False
+    except (FileNotFoundError, NotADirectoryError):
+        # (a dead end here may not be one in the verifier's view, whose /dev, /proc, /tests and
+        # /logs are its own: those names are checked before they are looked up)
+        return False
+    except OSError as e:
+        return e.errno != errno.ELOOP
+    finally:
+        os.close(here)
+
+
+def harbor(upper: str, root: str, when: str = "before") -> None:
+    """Remove every link under UPPER (what the agent made) that reaches_in() its root; the
+    link is removed through ROOT, the agent's merged view, at the same place. `after` the
+    verifier, finding one is itself the problem: a live agent process made it while the
+    verifier ran (it may have read its own file through it)."""
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    os.chdir(upper)
+    dev = os.lstat(".").st_dev
+    listings = [iter(os.listdir("."))]
+    merged = [os.dup(root_fd)]  # per level: the same directory in the merged view
+    while listings:
+        tick()
+        child = next(listings[-1], None)
+        if child is None:
+            listings.pop()
+            os.close(merged.pop())
+            if listings:
+                os.chdir("..")
+            continue
+        try:
+            st = os.lstat(child)
+            if stat.S_ISLNK(st.st_mode):
+                if reaches_in(merged[-1], child, root_fd):
+                    os.unlink(child, dir_fd=merged[-1])
+                    if when == "after":
+                        problems.append(f"a link into the verifier's files appeared while it ran: {child}")
+            elif stat.S_ISDIR(st.st_mode) and st.st_dev == dev:
+                step = os.open(child, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=merged[-1])
+                os.chdir(child)
+                listings.append(iter(os.listdir(".")))
+                merged.append(step)
+        except OSError as e:  # (a live agent process removed or replaced it meanwhile: skipped)
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                note(f"{root}/.../{child}", e)
+
+
 def main(argv: list[str]) -> None:
     where, tests, logs, state, workdir, home = argv
     # The output pipe is shared with every command the agent ran: a non-blocking or
@@ -302,7 +404,10 @@ def clear_acls(path: str) -> None:
 
 if __name__ == "__main__":
     try:
-        main(sys.argv[1:])
+        if sys.argv[1:2] == ["harbor"]:
+            harbor(*sys.argv[2:])
+        else:
+            main(sys.argv[1:])
     except OutOfBudget:
         problems.append(f"more than {BUDGET_STEPS} entries and link steps of the agent's to go through")
     except BaseException as e:  # whatever the agent's trees did to us: scored, not infra

@@ -18,7 +18,8 @@
 #               TMPDIR, and a Python that ignores cwd, PYTHONPATH and user site-packages. Its
 #               script reaches bash on a pipe, like agent commands: never a file in a tmpfs
 #               the agent could have filled (a failed write left an empty test.sh: exit 0).
-#   OP=reward : print the first bytes of /logs/verifier/reward.txt (rc 3 if it is not a file).
+#   OP=reward : print the first bytes of /logs/verifier/reward.txt (rc 3 if it is not a file, or
+#               if the verifier's run was interrupted or ended by a signal).
 # Everything a request prints (stdout and stderr merged) goes to our stdout, followed by the
 # end marker \0NONCE RC\0. The harness reads until the marker, so no output is ever lost to a
 # race, and a command cannot forge the marker without knowing the nonce.
@@ -162,7 +163,9 @@ while IFS=' ' read -r op nonce nbytes arg; do
     wait "$pid"; rc=$?
   done
   __kill_others  # the command is over: so is everything it started
-  [ "$op" = verify ] && [ "$__interrupted_any" = 0 ] && __verified=1
+  # (a verifier that ended by a signal is no verdict either: code of the agent's that it ran could
+  # write the reward file and then kill it, or the shell running test.sh, with `kill -9 -1`)
+  [ "$op" = verify ] && [ "$__interrupted_any" = 0 ] && [ "$rc" -lt 128 ] && __verified=1
   __restamp "$arg"
   printf '\0%s %d\0' "$nonce" "$rc"
 done

@@ -1,0 +1,102 @@
+# obsspec Harbor supervisor: PID 1 of a container with Harbor semantics (obsspec/env/semantics.py),
+# running the execute-only bash from the image's own root, which stays read-only and pristine,
+# as the container's root (a user namespace: no host privileges) with the agent's capabilities
+# and SYS_ADMIN. The protocol on stdin/stdout is supervisor.sh's: untar, raw, run, reset, verify,
+# reward, each answered by its output and the end marker \0NONCE RC\0.
+#
+# Three worlds (scripts/world.py makes them):
+# - the agent's: its own mount and PID namespaces over $R, an overlay whose lower layer is the
+#   image and whose upper layer, $U (a tmpfs of the task's storage size), holds every change;
+#   its PID 1 is the spawner (scripts/world.py), which runs commands and keeps services;
+# - the verifier's: made at `verify` (world.py verifier): the agent's files, live, with the
+#   image's system directories, and /tests and /logs of $W, which no agent process ever sees;
+# - ours: this shell, the relay (scripts/relay.py, the terminal every agent process writes to)
+#   and the janitor, none of which any agent process can see, signal or trace.
+# Nothing is killed between commands or before the verifier: services live on. A command that
+# times out (SIGUSR1 from the harness) loses its shell, and what it started runs on, as in a
+# terminal; a verifier that times out is killed with everything it started.
+
+export OBSSPEC_LC_ALL=$LC_ALL
+export LC_ALL=C   # read -N counts bytes
+ulimit -u "$OBSSPEC_HARNESS_PROCS"
+S=$OBSSPEC_STATE_DIR U=/run/obsspec/upper R=/run/obsspec/root W=/run/obsspec/verify
+
+# -- start: the agent's world, the relay, the image's ENTRYPOINT/CMD (by the spawner)
+for f in cmd status ctl ack term; do mkfifo -m 0600 "$S/$f" || exit 1; done
+exec 5<>"$S/cmd" 6<>"$S/status" 7<>"$S/ctl" 8<>"$S/ack"
+python3 -I -c "$OBSSPEC_RELAY" 3<>"$S/term" 4<>"$S/ctl" 5<>"$S/ack" 6<&- 7>&- 8<&- </dev/null &
+python3 -I -c "$OBSSPEC_WORLD" agent "$U" "$R" "$OBSSPEC_WORKDIR" \
+  3<>"$S/cmd" 4<>"$S/status" 5<>"$S/term" 6<&- 7>&- 8<&- </dev/null >/dev/null 2>"$S/world.log" &
+world=$!
+# the spawner says it is ready; else the world could not be made (its error, and we end)
+if ! read -r -t 60 ready <&6 || [ "$ready" != ready ]; then
+  echo "obsspec: the agent's world did not start: $(tr '\n' ' ' < "$S/world.log")" >&2
+  exit 1
+fi
+read -r spawner < "/proc/$world/task/$world/children"
+exec 2>/dev/null
+
+__busy="" __interrupted=0 __verified=0 vpid=0
+__interrupt() {
+  __interrupted=1
+  case $__busy in run) kill -USR1 "$spawner" ;; verify) kill -KILL "$vpid" ;; esac
+}
+trap __interrupt USR1
+
+while IFS=' ' read -r op nonce nbytes arg; do
+  script=""
+  if [ "$op" = untar ]; then
+    # the task's files (before the agent's first command) or the verifier's (out of its sight)
+    case $arg in workspace) dir=$R$OBSSPEC_WORKDIR ;; tests) dir=$W/tests ;; *) dir=/nonexistent ;; esac
+    mkdir -p -- "$dir"
+    head -c "$nbytes" | { msg=$(tar -x --no-same-owner -C "$dir" 2>&1); r=$?; cat >/dev/null
+                          printf '%s' "${msg%%$'\n'*}"; exit "$r"; }
+    printf '\0%s %d\0' "$nonce" "$?"
+    continue
+  fi
+  [ "$nbytes" -gt 0 ] && IFS= read -r -d '' -N "$nbytes" script
+  __interrupted=0
+  case $op in
+    run|raw)
+      printf 'start %s\n' "$nonce" >&7
+      printf '%s %s %d %s\n%s' "$op" "$nonce" "$nbytes" "$arg" "$script" >&5
+      __busy=run
+      until read -r done rc <&6 && [ "$done" = "$nonce" ]; do :; done
+      __busy=""
+      printf 'end %s %d\n' "$nonce" "$rc" >&7
+      read -r -N 1 _ <&8  # (the relay wrote the command's output and its marker)
+      continue ;;
+    reset)
+      # The verifier's area starts empty; the agent's links into /tests, /logs and /proc go
+      # (rc 4: something could not be undone, scored 0; rc 5: the janitor could not run).
+      find "$W" -mindepth 1 -delete && mkdir -p "$W/tests" "$W/logs/verifier" || { printf '\0%s %d\0' "$nonce" 5; continue; }
+      python3 -I -c "$OBSSPEC_JANITOR" harbor "$U/u" "$R" before </dev/null 2>&1
+      rc=$?
+      [ "$rc" = 0 ] || [ "$rc" = 4 ] || rc=5
+      printf '\0%s %d\0' "$nonce" "$rc"
+      continue ;;
+    verify)
+      __verified=0
+      python3 -I -c "$OBSSPEC_WORLD" verifier "$R" "$W" "$OBSSPEC_WORKDIR" \
+        </dev/null 3< <(printf '%s' "$script") 2>&1 5>&- 6<&- 7>&- 8<&- &
+      vpid=$! __busy=verify
+      wait "$vpid"; rc=$?
+      while [ "$__interrupted" = 1 ] && kill -0 "$vpid" 2>/dev/null; do wait "$vpid"; rc=$?; done
+      __busy=""
+      # (an interrupted run, or one that ended by a signal, is judged by its exit status: code of
+      # the agent's that the verifier ran could have written the reward file and then made the
+      # run time out, or killed the shell running test.sh)
+      [ "$__interrupted" = 0 ] && [ "$rc" -lt 128 ] && __verified=1
+      printf '\0%s %d\0' "$nonce" "$rc"
+      continue ;;
+    reward)
+      # Agent processes lived on while the verifier ran: a link into its files made meanwhile
+      # (found by the janitor's second sweep) taints the verdict: rc 4, scored 0.
+      rc=3 f=$W/logs/verifier/reward.txt
+      if ! python3 -I -c "$OBSSPEC_JANITOR" harbor "$U/u" "$R" after </dev/null >/dev/null 2>&1; then rc=4
+      elif [ "$__verified" = 1 ] && [ -f "$f" ] && [ ! -L "$f" ]; then head -c 64 -- "$f"; rc=0; fi
+      printf '\0%s %d\0' "$nonce" "$rc"
+      continue ;;
+    *) printf '\0%s %d\0' "$nonce" 2; continue ;;
+  esac
+done

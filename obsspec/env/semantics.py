@@ -1,0 +1,69 @@
+"""Episode semantics: how a task's terminal behaves, as a property of the task.
+
+    semantics.describe("harbor")     # the lines `obsspec shell` prints and the manifest records
+
+Two profiles:
+- `isolated` (the built-in families, and the default of a Task): the deterministic sandbox of
+  docs/ENVIRONMENT.md. Background work ends with its command, the agent is uid 1000 on a
+  read-only system, the clock is logical and frozen within a turn, file times are re-stamped to
+  it, and the verifier gets an empty HOME of its own.
+- `harbor` (imported Harbor tasks, by default): the terminal their authors ran them in, a
+  container where the agent is the image's USER (root unless the Dockerfile says otherwise).
+  It runs in a Podman container whatever the recipe's backend (obsspec/env/podman.py).
+
+What `harbor` gives up against `isolated`, and what it keeps, is `GIVES_UP` and `KEEPS`
+(docs/ENVIRONMENT.md, "Harbor semantics", and docs/REWARD_HACKS.md say how each is done).
+"""
+
+from __future__ import annotations
+
+ISOLATED = "isolated"
+HARBOR = "harbor"
+NAMES = (ISOLATED, HARBOR)
+
+BEHAVES = {
+    ISOLATED: (
+        "background processes end with the command that started them",
+        "the agent is uid 1000 ('agent'); the system is read-only outside the workspace, /tmp and HOME",
+        "the clock is logical (clock_start + turn x turn_seconds), frozen within a command",
+        "file times are re-stamped to the logical clock after each command",
+        "the verifier gets an empty HOME of its own; no agent process is alive when it runs",
+    ),
+    HARBOR: (
+        "background processes (services) live on across commands and while the verifier runs",
+        "the image's ENTRYPOINT/CMD starts with the episode, as `docker run IMAGE` would start it",
+        "the agent is the image's USER: root in the container's user namespace (no host privileges) "
+        "unless the Dockerfile names another user; the image's filesystem is writable",
+        "agent and verifier share the real clock (sleeps, waits and timeouts work) and, the verifier "
+        "running as root as in Harbor, root's HOME (one HOME unless the image names another USER)",
+        "file times are left as the kernel sets them",
+    ),
+}
+
+GIVES_UP = (
+    "an agent process can still be running when the verifier starts (it can answer the "
+    "verifier's queries, and remake a file between the janitor's sweep and the verifier's read)",
+    "observations that show times or dates differ between episodes (no logical clock)",
+    "what the agent installs under /usr, /bin, /lib* (apt, pip) is not the verifier's: the "
+    "verifier runs with the image's own system directories",
+)
+
+KEEPS = (
+    "the verifier's files (/tests), its reward file (/logs) and its interpreter (the image's "
+    "/usr, /bin, /lib*, loader settings) are out of every agent process's reach",
+    "the harness (PID 1, its output pipe, its janitor) runs where no agent process can see, "
+    "signal or trace it; the agent has no host privileges",
+    "a task whose service is down because the agent never started it scores 0, not an "
+    "infrastructure error",
+)
+
+
+def check(name: str) -> str:
+    if name not in NAMES:
+        raise ValueError(f"semantics must be one of {', '.join(NAMES)}, not {name!r}")
+    return name
+
+
+def describe(name: str) -> list[str]:
+    """One line per behaviour of the profile (what `obsspec shell` prints)."""
+    return list(BEHAVES[check(name or ISOLATED)])

@@ -1,0 +1,4 @@
+#!/bin/bash
+cd /app
+./warmup
+date -u +%F > today.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+cd /app && ./tools/summarize.sh > report.txt

@@ -106,6 +106,16 @@ def test_training_run_reads_metrics_jsonl_and_its_last_rollout(tmp_path):
     page = open(summary["html"]).read()
     assert "Training steps (metrics.jsonl)" in page and "spec/exact_frac" in page
     assert "success per question kind (`family/kind`) over the same window: 2 kinds." in page
+    assert "val success before" not in page  # (the run has no summary.json: no val measured)
+
+
+def test_the_learning_curve_shows_val_success_before_and_after_with_its_interval(tmp_path):
+    path = training_dir(str(tmp_path / "train"), steps=5)
+    with open(os.path.join(path, "summary.json"), "w") as f:
+        json.dump({"command": "train", "eval": {"before": {"success_frac": 0.25}, "after": {"success_frac": 0.5}},
+                   "val_gain": {"mean": 0.25, "ci95": 0.1, "tasks": 10}}, f)
+    page = open(write_report(path)["html"]).read()
+    assert "val success before (step 0) and after training: +25.0 points ± 10.0 (95 % interval over 10 tasks" in page
 
 
 def test_bad_run_directories_are_one_clear_error(tmp_path):

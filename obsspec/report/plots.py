@@ -91,6 +91,9 @@ def reward(run, path: str, window: int = 8) -> str | None:
     a.plot(steps, rewards, color="grey", marker=".", lw=1, label="per step")
     a.plot(steps, [mean_of(rewards[max(0, i + 1 - window):i + 1]) for i in range(len(rewards))],
            color="black", lw=2, label=f"mean of the last {window} steps")
+    val = _val_points(run.summary, steps[-1])
+    for (x, y), label, marker in zip(val, ("val success before", "val success after"), ("s", "D")):
+        a.plot([x], [y], marker=marker, ms=7, ls="none", color="tab:blue", label=label)
     a.set(xlabel="training step", ylabel="reward", ylim=(-0.03, 1.03))
     a.legend(fontsize=7)
     kinds = sorted({k for r in run.steps for k in (r.get("success_by_kind") or {})})
@@ -101,9 +104,25 @@ def reward(run, path: str, window: int = 8) -> str | None:
     if kinds:
         b.legend(fontsize=7, ncol=2)
     _save(fig, path)
-    return (f"Training reward per step and its mean over the last {window} steps; right: success per "
+    gain = (run.summary or {}).get("val_gain") or {}
+    half = gain.get("ci95")
+    val_text = (f"; val success before (step 0) and after training: {_pct(gain.get('mean'))} points"
+                + (f" ± {100 * half:.1f} (95 % interval over {gain.get('tasks')} tasks, same seeds)" if half else "")
+                if val and gain.get("mean") is not None else "")
+    return (f"Training reward per step and its mean over the last {window} steps{val_text}; right: success per "
             f"question kind (`family/kind`) over the same window: {len(kinds)} kinds"
             + (", the first 10 drawn." if len(kinds) > 10 else "."))
+
+
+def _val_points(summary: dict | None, last_step: int) -> list[tuple[int, float]]:
+    """(step, val success) before and after training, where the run measured both."""
+    evals = (summary or {}).get("eval") or {}
+    fracs = [(evals.get(k) or {}).get("success_frac") for k in ("before", "after")]
+    return [(0, fracs[0]), (last_step, fracs[1])] if None not in fracs else []
+
+
+def _pct(x) -> str:
+    return "?" if x is None else f"{100 * x:+.1f}"
 
 
 def latency_breakdown(run, path: str) -> str | None:

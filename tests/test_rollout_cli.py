@@ -17,7 +17,9 @@ MICRO = ["kit.vocab_size=600", "kit.max_length=1024"] + [
      ("intermediate_size", 64), ("epochs", 0.3), ("batch_size", 4))] + [
     # enough for the micro policy to write bash calls (greedily), so there is something to speculate on
     "kit.policy.hidden_size=64", "kit.policy.head_dim=32", "kit.policy.epochs=40",
-    "kit.policy.learning_rate=0.01", "policy.temperature=0"]
+    "kit.policy.learning_rate=0.01", "policy.temperature=0",
+    # per-request passes: what these tests compare token for token never depends on the batch
+    "policy.batch_invariant=true"]
 
 
 @pytest.fixture(scope="module")

@@ -175,7 +175,7 @@ def listing_rows(n: int) -> list[dict]:
 
 def test_listing_fields_become_single_tokens():
     """Every line of a listing repeats its mode, link count + owners and date: one token each, so
-    the world model copies ~11 tokens a line instead of ~34 (bench/listing_copy.py)."""
+    the world model copies ~11 tokens a line instead of ~34 (docs/WORLDMODEL.md)."""
     rows = listing_rows(4)
     texts = corpus_texts(rows)
     # Most frequent first (the date is on all 16 lines); 12 file lines but only 4 directory lines:

@@ -86,7 +86,7 @@ class KitConfig:
                              "its real rows then go on from that model. Needs "
                              "world_model.workspace_snapshot or world_model.hint_tokens. At the tiny-cpu world model's size it "
                              "taught only the top folder's listing in the budgets measured, unless "
-                             "kit.listing_steps came first (docs/WORLDMODEL.md, \"A copy curriculum\"). "
+                             "kit.listing_steps came first (docs/WORLDMODEL.md, \"Copying listings\"). "
                              "0 = none.")
     listing_steps: int = doc(0, "Optimizer steps the world-model base spends, before anything else, "
                                 "on listing rows alone: per train task and world_model_tasks "

@@ -59,6 +59,9 @@ KIT_FORMAT = 3  # bump when the layout or the training recipe changes, to invali
 # again: the tokenizer and the policy do not depend on the snapshot; 5: the world model's positions are
 # kit.max_length + the snapshot's budget); in the key when on
 SNAPSHOT_FORMAT = 5
+# Sandboxes a kit build runs at once (its policy's rollouts, world_model_tasks, mistakes): enough
+# to keep 2 cores busy while the tiny policy generates; it changes the build's time, not its output.
+SANDBOXES_AT_ONCE = 8
 TRAJECTORIES = "trajectories.jsonl"
 TRAIN_TASKS = "train.jsonl"
 VAL_TASKS = "val.jsonl"
@@ -114,6 +117,7 @@ def _key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampl
         if cfg.rollouts else None
     config = dataclasses.asdict(cfg)
     del config["bases"]  # where to find pretrained bases, not what a kit is built from
+    config["rollout_workers"] = SANDBOXES_AT_ONCE  # (a recipe key once: kits built then keep their key)
     for name, off in (("world_model_tasks", 0), ("policy_tasks", 0), ("mistakes", 0), ("digits_per_token", 1),
                       ("copy_steps", 0), ("copies_per_task", 4), ("listing_steps", 0)):
         if config[name] == off:  # (absent when off: older kits keep their key)
@@ -260,7 +264,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     # policy) is the same with and without them, so switching the world model's snapshot on
     # retrains the world model only. A listing in a snapshot and in an observation has the
     # same tokens either way.
-    texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers)) if reads_workspace else {}
+    texts = _run_apart(_workspace_texts(tasks_dir, sandbox, SANDBOXES_AT_ONCE)) if reads_workspace else {}
     # With mistakes on, the error messages are in the corpus too: `No such file or directory` is
     # then a few tokens, not a dozen fragments the world model must spell out one by one.
     t1 = time.monotonic()
@@ -329,7 +333,7 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     if cfg.world_model_tasks:
         t1, ran_sec = time.monotonic(), report.get("world_model_tasks", {}).get("sec")
         extra = _generated(tasks_dir, "world_model_tasks", cfg, sandbox, display, done, episodes)
-        extra_texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers,
+        extra_texts = _run_apart(_workspace_texts(tasks_dir, sandbox, SANDBOXES_AT_ONCE,
                                                   [t for t, _ in extra])) if reads_workspace else {}
         extra_snapshots = snapshot_table(extra_texts) if reads_workspace else None
         extra_rows = [row for _, row in extra]
@@ -510,7 +514,7 @@ async def _mistake_episodes(tasks: list, cfg: KitConfig, sandbox: SandboxConfig,
 
     jobs = [(task, with_mistake(task.solution, random.Random(f"{cfg.seed}/kit.mistakes/{task.task_id}/{k}")))
             for task in tasks if task.solution for k in range(cfg.mistakes)]
-    gate = asyncio.Semaphore(cfg.rollout_workers)
+    gate = asyncio.Semaphore(SANDBOXES_AT_ONCE)
     display.start(len(jobs), "reference solutions with a mistake, in the sandbox")
 
     async def one(task, commands):
@@ -577,7 +581,7 @@ def _generated(tasks_dir: str, key: str, cfg: KitConfig, sandbox: SandboxConfig,
     tasks, families, duplicates = generated_tasks(tasks_dir, key, count, cfg.seed)
 
     async def run() -> list[dict]:
-        gate = asyncio.Semaphore(cfg.rollout_workers)
+        gate = asyncio.Semaphore(SANDBOXES_AT_ONCE)
         display.start(len(tasks), f"{key.replace('_', ' ')}: reference solutions in the sandbox")
 
         async def one(task):
@@ -621,7 +625,7 @@ def _policy_rollouts(policy, tokenizer, fmt, tasks_dir: str, cfg: KitConfig, san
     async def run():
         async with fast_engine(policy, tokenizer) as engine:
             return await rollout_tasks(engine, fmt, picked, sandbox, sampling,
-                                       concurrency=cfg.rollout_workers, display=display,
+                                       concurrency=SANDBOXES_AT_ONCE, display=display,
                                        label="policy rollouts for the world model")
 
     return _run_apart(run())

@@ -161,7 +161,7 @@ def world_model_predictor(recipe: Recipe, fmt, wm_engine, adapter: str | None, s
     (`predictor.snapshots.prefixes(trajectories)` gives co-training the same views)."""
     wm = recipe.world_model
     return WorldModelPredictor(wm_engine, fmt, cap=recipe.sandbox.output_cap, max_tokens=wm.max_tokens,
-                               breadth=recipe.rollout.breadth, temperature=wm.temperature,
+                               breadth=recipe.rollout.breadth,
                                adapter=adapter, seed=seed, snapshots=workspace_snapshots(fmt, recipe))
 
 

@@ -26,7 +26,7 @@ from typing import List, Optional
 
 import typer
 
-from obsspec.config import ConfigError, Recipe, explain, load_recipe, to_dict
+from obsspec.config import ConfigError, Recipe, explain, load_recipe, to_dict, user_keys
 
 app = typer.Typer(
     name="obsspec", no_args_is_help=True, add_completion=False, rich_markup_mode="markdown",
@@ -325,7 +325,7 @@ def train_worldmodel_cmd(
                                                           "directory = its latest version, DIR@N, or 'base')."),
     eval_on: List[str] = typer.Option(None, "--eval-on", help="Evaluate on the held-out part of these "
                                                               "sources instead (repeatable)."),
-    out: str = typer.Option("", "--out", help="Run directory (default: wm_train.out_dir or RUN_DIR/world_model)."),
+    out: str = typer.Option("", "--out", help="Run directory (default: RUN_DIR/world_model)."),
     display: str = typer.Option("auto", "--display", help=DISPLAY_HELP),
 ):
     """Fine-tune a LoRA adapter for the world model on recorded episodes and publish it as a new version.
@@ -348,7 +348,7 @@ def train_worldmodel_cmd(
     from obsspec.worldmodel.run import run_train_worldmodel
 
     rec = _load(recipe, overrides or [])
-    out_dir = out or rec.wm_train.out_dir or os.path.join(rec.run_dir, "world_model")
+    out_dir = out or os.path.join(rec.run_dir, "world_model")
     summary = run_train_worldmodel(rec, out_dir, list(data or []), eval_only, list(eval_on or []),
                                    _display(display))
     typer.echo(table(summary))
@@ -445,7 +445,10 @@ def serve_cmd(
 @user_errors
 def validate_cmd(
     recipe: List[str] = typer.Argument(None, help="Recipe files to check (overrides may follow each)."),
-    explain_fields: bool = typer.Option(False, "--explain", help="List every recipe key with its default and meaning."),
+    explain_fields: bool = typer.Option(False, "--explain", help="List the recipe keys a user sets, with their "
+                                                                 "defaults and meanings."),
+    kit_fields: bool = typer.Option(False, "--kit", help="With --explain: list the kit.* keys that build the tiny "
+                                                         "models instead (obsspec build-bases)."),
 ):
     """Check recipes (keys, types, cross-field rules, what training needs) without running anything.
 
@@ -456,15 +459,16 @@ def validate_cmd(
         obsspec validate recipes/tiny-cpu.yaml sandbox.timeout_s=5
 
         obsspec validate --explain
+
+        obsspec validate --explain --kit
     """
     if explain_fields:
-        rows = explain()
-        for key, default, text in [r for r in rows if not r[0].startswith("kit.")]:
+        rows, building = user_keys(), [r for r in explain() if r not in user_keys()]
+        for key, default, text in building if kit_fields else rows:
             typer.echo(f"{key:28} {default:14} {text}")
-        typer.echo("\n# kit.*: research settings of the tiny model kit (the embedded default's models: "
-                   "shapes, training budgets, extra data); 'tiny' models only")
-        for key, default, text in [r for r in rows if r[0].startswith("kit.")]:
-            typer.echo(f"{key:28} {default:14} {text}")
+        if not kit_fields:
+            typer.echo(f"\n# and {len(building)} kit.* keys that build the tiny models of the embedded default "
+                       "(shapes, budgets, extra data; docs/MODELS.md): obsspec validate --explain --kit")
         return
     files = [r for r in recipe or [] if "=" not in r and not r.startswith("~")]
     overrides = [r for r in recipe or [] if r not in files]

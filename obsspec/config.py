@@ -307,6 +307,12 @@ def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
 # Introspection (for `obsspec validate --explain` and logging the resolved recipe)
 
 
+def user_keys() -> list[tuple[str, str, str]]:
+    """The keys a user of a recipe sets: every key but those that build the tiny models (kit.*,
+    read by `obsspec build-bases` and the kit; kit.bases, which names the models to use, stays)."""
+    return [r for r in explain() if not r[0].startswith("kit.") or r[0] == "kit.bases"]
+
+
 def explain(cls: type = Recipe, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dot-path, default, help) for every field of the recipe, nested sections included."""
     rows = []

@@ -97,6 +97,20 @@ def test_every_field_is_documented():
     assert undocumented == []
 
 
+def test_explain_lists_what_users_set_and_the_kit_apart():
+    from typer.testing import CliRunner
+
+    from obsspec.cli import app
+
+    listed = CliRunner().invoke(app, ["validate", "--explain"]).stdout
+    keys = [line.split()[0] for line in listed.splitlines() if line[:1].isalpha()]
+    assert "policy.temperature" in keys and "kit.bases" in keys, "a key users set is missing"
+    assert not [k for k in keys if k.startswith("kit.") and k != "kit.bases"], "kit.* builds the tiny models"
+    kit = CliRunner().invoke(app, ["validate", "--explain", "--kit"]).stdout
+    assert "kit.policy.hidden_size" in kit and "policy.temperature" not in kit
+    assert len(keys) + len(kit.splitlines()) == len(explain()), "every key is listed once, here or there"
+
+
 def test_to_dict_round_trips():
     r = load_recipe(None, ["tasks.families=[a]"])
     import yaml

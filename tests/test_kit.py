@@ -27,6 +27,7 @@ from obsspec.env.suite import TaskNotFound, builtin_task
 from obsspec.models import kit, tiny, warmstart
 from obsspec.models.config import KitConfig, TinyModelConfig
 from obsspec.models.evaluate import success_metrics
+from obsspec.models.kit_episodes import mistake_episodes, run_apart
 from obsspec.rollout.batch import rollout_tasks
 from obsspec.worldmodel.cases import reference_cases, trajectory_cases
 from obsspec.worldmodel.evaluate import evaluate_world_model
@@ -175,7 +176,7 @@ def listing_rows(n: int) -> list[dict]:
 
 def test_listing_fields_become_single_tokens():
     """Every line of a listing repeats its mode, link count + owners and date: one token each, so
-    the world model copies ~11 tokens a line instead of ~34 (bench/listing_copy.py)."""
+    the world model copies ~11 tokens a line instead of ~34 (docs/WORLDMODEL.md)."""
     rows = listing_rows(4)
     texts = corpus_texts(rows)
     # Most frequent first (the date is on all 16 lines); 12 file lines but only 4 directory lines:
@@ -743,7 +744,7 @@ def test_mistakes_give_the_world_model_and_the_tokenizer_real_error_messages(tmp
     assert pieces[4] < pieces[0]  # the error words are in the corpus: fewer pieces
     # the same seeds, the same edits: a kit rebuilt from the same inputs learns the same rows
     tasks = [builtin_task("dir-stats", i) for i in range(3)]
-    twice = [kit._run_apart(kit._mistake_episodes(tasks, cfg, SANDBOX, NullDisplay())) for _ in range(2)]
+    twice = [run_apart(mistake_episodes(tasks, cfg, SANDBOX, NullDisplay())) for _ in range(2)]
     assert [r["steps"] for r in twice[0]] == [r["steps"] for r in twice[1]]
 
 

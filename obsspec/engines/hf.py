@@ -6,6 +6,10 @@ worker iteration applies adapter commands, drops cancelled requests, admits wait
 alone, sample the first token), then runs one decode step for every running request. Sampling
 uses a per-request `torch.Generator`. Details and measurements: docs/ENGINES.md.
 
+This module schedules (admission, decode passes, results); a request's generation (prefill,
+sampling, stops, prompt lookup) is obsspec/engines/hf_decode.py's, and what the engine counts
+and charges speculative work is obsspec/engines/hf_accounts.py's.
+
 Two modes, and what speculative (priority > 0) work costs in each:
 - batched: one left-padded cache per adapter (obsspec/engines/kv_batch.py); speculative rows
   *ride* in the committed rows' decode pass while there is room (`max_batch_size` rows in all),
@@ -27,21 +31,17 @@ import asyncio
 import os
 import threading
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field, replace
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from obsspec.engines.base import (
-    EngineClosedError,
-    Generation,
-    GenerationRequest,
-    PromptTooLong,
-    SchedulingStats,
-)
-from obsspec.engines.kv_batch import DecodeBatch, propose, sample_token
+from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest, SchedulingStats
+from obsspec.engines.hf_accounts import Accounts, EngineStats, PassCost
+from obsspec.engines.hf_decode import Decoding, Running, resolve_soon
+from obsspec.engines.kv_batch import DecodeBatch
 from obsspec.engines.lora import LoraAdapters
 from obsspec.engines.prefix_cache import PrefixCache
 
@@ -52,109 +52,12 @@ def load_model(name_or_path: str | os.PathLike[str], *, dtype: Any = "auto", dev
     return model.to(device).eval()
 
 
-@dataclass
-class EngineStats:
-    """Counters of the worker; read them for tests and benchmarks (not thread-synchronised)."""
-
-    prefills: int = 0
-    prefill_tokens: int = 0  # prompt tokens prefilled (with a prefix cache: of those, some reused)
-    prefill_sec: float = 0.0  # time in prefill forward passes (which run alone)
-    decode_steps: int = 0  # decode forward passes
-    decode_sec: float = 0.0  # time in decode forward passes
-    largest_batch: int = 0  # most requests decoded by one forward pass
-    tokens: int = 0
-    proposed_tokens: int = 0  # prompt lookup: tokens proposed, and of those accepted
-    proposed_accepted: int = 0
-    finished: int = 0
-    cancelled: int = 0
-    # decode steps each recently finished request took part in (bounded, newest last)
-    steps_by_request: OrderedDict[str, int] = field(default_factory=OrderedDict)
-
-
-class PassCost:
-    """What a row adds to a batched decode pass: the slope of pass time against rows, fitted by
-    least squares over the recent passes (exponentially weighted, so it follows the cache
-    lengths). Until the passes seen vary in size it knows no slope, and the linear share
-    (every row costs pass / rows) stands in: an upper bound on a pass with fixed overheads."""
-
-    def __init__(self, decay: float = 0.98):
-        self.decay = decay
-        self.w = self.n = self.t = self.nn = self.nt = 0.0
-
-    def add(self, rows: int, seconds: float) -> None:
-        d = self.decay
-        self.w, self.n, self.t = d * self.w + 1, d * self.n + rows, d * self.t + seconds
-        self.nn, self.nt = d * self.nn + rows * rows, d * self.nt + rows * seconds
-
-    def marginal(self, rows: int, seconds: float) -> float:
-        """Seconds one row adds to a pass of `rows` rows that took `seconds`."""
-        linear = seconds / rows
-        var = self.nn / self.w - (self.n / self.w) ** 2 if self.w else 0.0
-        if var < 0.25:  # (fewer than two sizes seen, in effect)
-            return linear
-        slope = (self.nt / self.w - (self.n / self.w) * (self.t / self.w)) / var
-        return min(linear, max(0.0, slope))
-
-
 # --------------------------------------------------------------------------------------------
-# Worker-side state
-
-
-class _Running:
-    """A request from submission to result; touched by the worker thread only, except the two
-    cancellation flags and `committed_since`, which the asyncio side sets."""
-
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
-        self.request = request
-        self.loop = loop
-        self.future: asyncio.Future[Generation] = loop.create_future()
-        self.submitted = time.perf_counter()
-        self.admitted = 0.0
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.position = 0  # position id of the next input token (the last sampled one)
-        self.steps = 0
-        # When it became committed work: at submission for priority 0, at `promote` for a
-        # speculative request; None while it is speculative. Set once, never unset.
-        self.committed_since: float | None = self.submitted if request.priority == 0 else None
-        self.delay = 0.0  # committed time spent waiting on low-priority forward passes
-        self.generator: torch.Generator | None = None
-        self.finish_reason: str | None = None
-        self.stop_reason: int | str | None = None
-        self.abandoned = False  # the awaiting task was cancelled: drop without a result
-        self.cancel_requested = False  # engine.cancel(): finish with "cancelled"
-
-    @property
-    def low(self) -> bool:
-        return self.committed_since is None
-
-    @property
-    def gone(self) -> bool:
-        return self.abandoned or self.cancel_requested
-
-    def post(self, result: Generation | None = None, error: BaseException | None = None) -> None:
-        _resolve_soon(self.loop, self.future, result, error)
-
-
-def _resolve_soon(loop, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    """Resolve an asyncio future from the worker thread."""
-
-    def deliver() -> None:
-        if future.done():  # cancelled meanwhile: nobody waits for this
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-
-    try:
-        loop.call_soon_threadsafe(deliver)
-    except RuntimeError:  # the loop is closed, so nobody can be waiting
-        pass
+# Worker-side state (a request's own: obsspec/engines/hf_decode.py `Running`)
 
 
 @dataclass
-class _AdapterCommand:
+class AdapterCommand:
     kind: str  # "load" or "unload"
     name: str
     path: str | None
@@ -204,14 +107,15 @@ class HFEngine:
         self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         self.stats = EngineStats()
         self.pass_cost = PassCost()  # (batched mode: what a riding speculative row costs a pass)
-        # Replaced (never mutated) by the worker, so a reader always gets a consistent snapshot.
-        self._scheduling = SchedulingStats()
+        self.accounts = Accounts()
+        self.decoding = Decoding(self.adapters, tokenizer, self.device, self.stats, max_positions=self.max_positions,
+                                 prompt_lookup=prompt_lookup, prefix_cache=self.prefix_cache)
         self._cond = threading.Condition()
-        self._inbox: list[_Running] = []  # guarded by _cond
-        self._commands: list[_AdapterCommand] = []  # guarded by _cond
-        self._by_id: dict[str, _Running] = {}  # guarded by _cond
+        self._inbox: list[Running] = []  # guarded by _cond
+        self._commands: list[AdapterCommand] = []  # guarded by _cond
+        self._by_id: dict[str, Running] = {}  # guarded by _cond
         self._closed = False
-        self._waiting: deque[_Running] = deque()  # worker only, from here on
+        self._waiting: deque[Running] = deque()  # worker only, from here on
         self._batches: list[DecodeBatch] = []
         self._thread = threading.Thread(target=self._serve, name="hf-engine", daemon=True)
         self._thread.start()
@@ -221,7 +125,7 @@ class HFEngine:
     async def generate(self, request: GenerationRequest) -> Generation:
         if request.stop_strings and self.tokenizer is None:
             raise ValueError("stop_strings need a tokenizer: HFEngine(model, tokenizer)")
-        running = _Running(request, asyncio.get_running_loop())
+        running = Running(request, asyncio.get_running_loop())
         with self._cond:
             if self._closed:
                 raise EngineClosedError("the engine is closed")
@@ -263,7 +167,7 @@ class HFEngine:
     def scheduling_stats(self) -> SchedulingStats:
         """What speculative work has cost committed work so far (obsspec/engines/base.py).
         Written by the worker thread; a read gets one consistent snapshot."""
-        return self._scheduling
+        return self.accounts.snapshot
 
     def decode_steps(self, request_id: str) -> int | None:
         """Decode steps a running or recently finished request has taken part in."""
@@ -283,7 +187,7 @@ class HFEngine:
 
     async def _command(self, kind: str, name: str, path: str | None) -> None:
         loop = asyncio.get_running_loop()
-        command = _AdapterCommand(kind, name, path, loop, loop.create_future())
+        command = AdapterCommand(kind, name, path, loop, loop.create_future())
         with self._cond:
             if self._closed:
                 raise EngineClosedError("the engine is closed")
@@ -352,7 +256,7 @@ class HFEngine:
                 error = exc
             if self.prefix_cache is not None:  # cached keys and values belong to the old weights
                 self.prefix_cache.clear()
-            _resolve_soon(command.loop, command.future, None, error)
+            resolve_soon(command.loop, command.future, None, error)
 
     def _drop_cancelled(self) -> None:
         for running in [r for r in self._waiting if r.gone]:
@@ -379,7 +283,7 @@ class HFEngine:
         rows = [r for b in self._batches for r in b.rows]
         committed = sum(not r.low for r in rows)
         speculative = len(rows) - committed
-        held: list[_Running] = []
+        held: list[Running] = []
         try:
             while self._waiting:
                 r = self._waiting.popleft()
@@ -407,11 +311,11 @@ class HFEngine:
         finally:
             self._waiting.extendleft(reversed(held))
 
-    def _start(self, r: _Running) -> bool:
+    def _start(self, r: Running) -> bool:
         """Prefill a request and sample its first token; True if it joined a decode batch."""
         try:
             logits, cache = self._prefill(r)
-            self._accept(r, logits)
+            self.decoding.accept(r, logits)
             if r.finish_reason is not None:
                 self._complete(r)
                 return False
@@ -435,36 +339,13 @@ class HFEngine:
             blocked = {c.name for c in self._commands}
         return any(not r.low and r.request.adapter not in blocked for r in self._waiting)
 
-    def _prefill(self, r: _Running) -> tuple[torch.Tensor, DynamicCache]:
-        request = r.request
-        r.admitted = time.perf_counter()
-        if self.max_positions is not None and len(request.prompt_ids) > self.max_positions:
-            raise PromptTooLong(
-                f"prompt of {len(request.prompt_ids)} tokens exceeds the model's "
-                f"{self.max_positions} positions"
-            )
-        if not request.greedy:
-            r.generator = torch.Generator(device=self.device).manual_seed(request.seed)
-        self.adapters.use(request.adapter)
-        speculative = [r] if r.low else []
-        t0 = time.perf_counter()
-        if self.prefix_cache is not None:
-            logits, cache = self.prefix_cache.prefill(self.model, request.prompt_ids, request.adapter,
-                                                      self.device)
-        else:
-            cache = DynamicCache(config=self.model.config)
-            ids = torch.tensor([request.prompt_ids], device=self.device)
-            logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True,
-                                logits_to_keep=1).logits[0, -1]
-        t1 = time.perf_counter()
-        self.stats.prefill_sec += t1 - t0
+    def _prefill(self, r: Running) -> tuple[torch.Tensor, DynamicCache]:
+        speculative = [r] if r.low else []  # (as it was when its pass started)
+        logits, cache, t0, t1 = self.decoding.prefill(r)
         self._charge(1, speculative, t0, t1)
-        self.stats.prefills += 1
-        self.stats.prefill_tokens += len(request.prompt_ids)
-        r.position = len(request.prompt_ids)
         return logits, cache
 
-    def _batch_for(self, r: _Running) -> DecodeBatch:
+    def _batch_for(self, r: Running) -> DecodeBatch:
         adapter, priority = r.request.adapter, int(r.low)
         if not self.batch_invariant:  # one batch per adapter: speculative rows ride in it
             for batch in self._batches:
@@ -481,28 +362,16 @@ class HFEngine:
         # `committed_since`, which `promote` sets; its batch needs no move.)
         self._batches.sort(key=lambda b: (_speculative_only(b), b.adapter is not None, b.adapter or ""))
 
-    def _charge(self, rows: int, speculative: list[_Running], t0: float, t1: float,
+    def _charge(self, rows: int, speculative: list[Running], t0: float, t1: float,
                 row_cost: float | None = None) -> None:
-        """Account one forward pass of `rows` rows, `speculative` of them low-priority when it
-        started. Their part of the pass is speculative compute, and it delayed every committed
-        request waiting or running meanwhile, one that arrived during the pass from its arrival
-        (a pass in flight cannot be interrupted). Their part: all of a pass of theirs alone; in
-        a pass they ride in, `row_cost` seconds each (the marginal time of a row)."""
+        """Account one forward pass (`Accounts.charge`) against every committed request waiting
+        or running meanwhile."""
         if not speculative:
             return
-        if row_cost is None or len(speculative) == rows:
-            share = len(speculative) / rows
-        else:
-            share = min(1.0, len(speculative) * row_cost / max(t1 - t0, 1e-9))
         with self._cond:
             arrived = list(self._inbox)
-        for r in (*arrived, *self._waiting, *(r for b in self._batches for r in b.rows)):
-            since = r.committed_since
-            if since is not None and t1 > since and not any(r is s for s in speculative):
-                r.delay += (t1 - max(t0, since)) * share
-        s = self._scheduling
-        self._scheduling = replace(
-            s, speculative_compute_sec=s.speculative_compute_sec + (t1 - t0) * share)
+        self.accounts.charge(rows, speculative, t0, t1,
+                             (*arrived, *self._waiting, *(r for b in self._batches for r in b.rows)), row_cost)
 
     def _decode(self) -> None:
         for batch in self._batches:
@@ -510,7 +379,7 @@ class HFEngine:
                 continue
             if _speculative_only(batch) and self._committed_work():
                 continue  # speculative rows wait, holding only memory, while committed work runs
-            proposals = [self._proposal(r) for r in batch.rows] if self.prompt_lookup else None
+            proposals = [self.decoding.proposal(r) for r in batch.rows] if self.prompt_lookup else None
             if proposals is not None and not any(proposals):
                 proposals = None
             try:
@@ -539,9 +408,9 @@ class HFEngine:
                 try:
                     if proposals is None:
                         r.position += 1
-                        self._accept(r, logits[i])
+                        self.decoding.accept(r, logits[i])
                     else:
-                        fed = self._accept_proposed(r, logits[i], proposals[i])
+                        fed = self.decoding.accept_proposed(r, logits[i], proposals[i])
                         batch.unfeed(i, logits.shape[1] - fed)
                 except Exception as exc:  # e.g. its stop-string decoding: fail it alone
                     self._fail(r, exc)
@@ -553,61 +422,9 @@ class HFEngine:
             batch.keep(keep)
         self._batches = [b for b in self._batches if b.rows]
 
-    def _accept(self, r: _Running, logits: torch.Tensor) -> None:
-        """Sample the next token of `r` and decide whether it is finished."""
-        request = r.request
-        token, logprob = sample_token(logits, request.temperature, request.top_p, r.generator)
-        r.tokens.append(token)
-        r.logprobs.append(logprob)
-        self.stats.tokens += 1
-        if token in request.stop_token_ids:
-            r.finish_reason, r.stop_reason = "stop", token
-        elif (stop_string := self._stop_string(r)) is not None:
-            r.finish_reason, r.stop_reason = "stop", stop_string
-        elif len(r.tokens) >= request.max_new_tokens:
-            r.finish_reason = "length"
-        elif self.max_positions is not None and r.position >= self.max_positions:
-            r.finish_reason = "length"  # the last token has no position left to be fed at
-
-    def _proposal(self, r: _Running) -> list[int]:
-        """Tokens proposed for a greedy request from its own context (never for a sampled one,
-        whose tokens must be drawn one by one), within its token and position budgets."""
-        if not r.request.greedy:
-            return []
-        room = min(self.prompt_lookup, r.request.max_new_tokens - len(r.tokens) - 1)
-        if self.max_positions is not None:
-            room = min(room, self.max_positions - r.position - 1)
-        return propose((*r.request.prompt_ids, *r.tokens), room) if room > 0 else []
-
-    def _accept_proposed(self, r: _Running, logits: torch.Tensor, proposal: list[int]) -> int:
-        """Greedy tokens from a verifying pass: the model's choice after each fed column, for as
-        long as it equals the next proposed token. Returns how many columns were fed for real
-        (the last sampled token and the accepted proposals)."""
-        j = 0
-        while True:
-            r.position += 1
-            self._accept(r, logits[j])
-            if r.finish_reason is not None or j == len(proposal) or r.tokens[-1] != proposal[j]:
-                break
-            j += 1
-        self.stats.proposed_tokens += len(proposal)
-        self.stats.proposed_accepted += j
-        return j + 1
-
-    def _stop_string(self, r: _Running) -> str | None:
-        stops = r.request.stop_strings
-        if not stops:
-            return None
-        # A match must end in the newest token (else it would have stopped earlier) and every
-        # token is at least one byte, so the last (longest stop in bytes + 4) tokens suffice;
-        # the 4 spare tokens absorb a multi-byte character cut at the window's start.
-        window = max(len(s.encode()) for s in stops) + 4
-        text = self.tokenizer.decode(r.tokens[-window:], skip_special_tokens=False)
-        return next((s for s in stops if s in text), None)
-
     # ---- results -----------------------------------------------------------------------------
 
-    def _forget(self, r: _Running) -> None:
+    def _forget(self, r: Running) -> None:
         steps = self.stats.steps_by_request
         steps[r.request.request_id] = r.steps  # before the pop, so decode_steps never sees a gap
         while len(steps) > 4096:
@@ -615,20 +432,10 @@ class HFEngine:
         with self._cond:
             self._by_id.pop(r.request.request_id, None)
 
-    def _settle(self, r: _Running, now: float) -> None:
-        """A committed request leaves: add its time and delay to the scheduling stats."""
-        since = r.committed_since
-        if since is None:
-            return
-        s = self._scheduling
-        self._scheduling = replace(
-            s, committed=s.committed + 1, committed_sec=s.committed_sec + (now - since),
-            committed_delay_sec=s.committed_delay_sec + r.delay)
-
-    def _complete(self, r: _Running) -> None:
+    def _complete(self, r: Running) -> None:
         now = time.perf_counter()
         admitted = r.admitted or now
-        self._settle(r, now)
+        self.accounts.settle(r, now)
         self._forget(r)
         self.stats.finished += 1
         r.post(
@@ -643,16 +450,16 @@ class HFEngine:
             )
         )
 
-    def _finish_cancelled(self, r: _Running) -> None:
+    def _finish_cancelled(self, r: Running) -> None:
         self.stats.cancelled += 1
         if r.abandoned:
-            self._settle(r, time.perf_counter())
+            self.accounts.settle(r, time.perf_counter())
             self._forget(r)
         else:
             r.finish_reason, r.stop_reason = "cancelled", None
             self._complete(r)
 
-    def _fail(self, r: _Running, error: BaseException) -> None:
+    def _fail(self, r: Running, error: BaseException) -> None:
         self._forget(r)
         r.post(error=error)
 
@@ -670,7 +477,7 @@ class HFEngine:
             self._commands.clear()
         self._fail_running(error)
         for command in commands:
-            _resolve_soon(command.loop, command.future, None, error)
+            resolve_soon(command.loop, command.future, None, error)
 
 
 def _speculative_only(batch: DecodeBatch) -> bool:

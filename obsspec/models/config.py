@@ -62,8 +62,6 @@ class KitConfig:
     rollouts: int = doc(0, "Sampled episodes of the warm-started policy on train tasks (real "
                            "sandboxes, the recipe's policy sampling) that the world model also "
                            "learns from; 0 = reference trajectories only.")
-    rollout_workers: int = doc(8, "Episodes of those rollouts running at once (and sandboxes of "
-                                  "world_model_tasks and mistakes).")
     world_model_tasks: int = doc(0, "More instances of the suite's built-in families, generated "
                                     "apart from the suite (other seeds; any that equals a suite task "
                                     "is dropped) and run through their reference solutions in real "
@@ -86,7 +84,7 @@ class KitConfig:
                              "its real rows then go on from that model. Needs "
                              "world_model.workspace_snapshot or world_model.hint_tokens. At the tiny-cpu world model's size it "
                              "taught only the top folder's listing in the budgets measured, unless "
-                             "kit.listing_steps came first (docs/WORLDMODEL.md, \"A copy curriculum\"). "
+                             "kit.listing_steps came first (docs/WORLDMODEL.md, \"Copying listings\"). "
                              "0 = none.")
     listing_steps: int = doc(0, "Optimizer steps the world-model base spends, before anything else, "
                                 "on listing rows alone: per train task and world_model_tasks "
@@ -111,8 +109,6 @@ class KitConfig:
                      "copies_per_task"):
             if getattr(self, name) < 0:
                 raise ValueError(f"kit.{name} must be >= 0, got {getattr(self, name)}")
-        if self.rollout_workers < 1:
-            raise ValueError(f"kit.rollout_workers must be >= 1, got {self.rollout_workers}")
         if not 1 <= self.digits_per_token <= 3:
             raise ValueError(f"kit.digits_per_token must be 1, 2 or 3, got {self.digits_per_token}")
         if self.max_length < 64:

@@ -38,7 +38,6 @@ and renamed into place, so a crash never leaves a half kit behind.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import json
@@ -51,6 +50,8 @@ from dataclasses import dataclass
 from obsspec.env.sandbox import SandboxConfig, output_settings
 from obsspec.jsonl import read_jsonl, write_json, write_jsonl
 from obsspec.models.config import KitConfig
+from obsspec.models.kit_episodes import (SANDBOXES_AT_ONCE, generated_rows, mistake_episodes, mistake_stats,
+                                         policy_rollouts, run_apart, suite_mistakes, workspace_texts_of)
 from obsspec.rollout.scheduler import Sampling
 from obsspec.progress import Display, NullDisplay
 
@@ -114,6 +115,7 @@ def _key(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, sampling: Sampl
         if cfg.rollouts else None
     config = dataclasses.asdict(cfg)
     del config["bases"]  # where to find pretrained bases, not what a kit is built from
+    config["rollout_workers"] = SANDBOXES_AT_ONCE  # (a recipe key once: kits built then keep their key)
     for name, off in (("world_model_tasks", 0), ("policy_tasks", 0), ("mistakes", 0), ("digits_per_token", 1),
                       ("copy_steps", 0), ("copies_per_task", 4), ("listing_steps", 0)):
         if config[name] == off:  # (absent when off: older kits keep their key)
@@ -260,18 +262,18 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     # policy) is the same with and without them, so switching the world model's snapshot on
     # retrains the world model only. A listing in a snapshot and in an observation has the
     # same tokens either way.
-    texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers)) if reads_workspace else {}
+    texts = run_apart(workspace_texts_of(tasks_dir, sandbox, SANDBOXES_AT_ONCE)) if reads_workspace else {}
     # With mistakes on, the error messages are in the corpus too: `No such file or directory` is
     # then a few tokens, not a dozen fragments the world model must spell out one by one.
     t1 = time.monotonic()
-    mistake_rows = episodes("mistakes", lambda: _mistakes(tasks_dir, cfg, sandbox, display)) if cfg.mistakes else []
+    mistake_rows = episodes("mistakes", lambda: suite_mistakes(tasks_dir, cfg, sandbox, display)) if cfg.mistakes else []
     # (a stage's time as measured when it ran, not when a resumed or reusing build read its rows)
     mistakes_sec = report.get("mistakes", {}).get("sec") or round(time.monotonic() - t1, 1)
     # Generated instances of the suite's families (never a suite task) for the policy: more
     # names to learn copying from than the suite's train split holds.
     # (only the tokenizer and the policy learn from them: not run again once both are built)
     policy_done = os.path.exists(paths.tokenizer) and os.path.exists(paths.policy)
-    policy_extra = [row for _, row in _generated(tasks_dir, "policy_tasks", cfg, sandbox, display, done,
+    policy_extra = [row for _, row in generated_rows(tasks_dir, "policy_tasks", cfg, sandbox, display, done,
                                                  episodes)] if cfg.policy_tasks and not policy_done else []
     if os.path.exists(paths.tokenizer):
         from transformers import AutoTokenizer
@@ -322,32 +324,32 @@ def build_kit(tasks_dir: str, out_dir: str, cfg: KitConfig, sandbox: SandboxConf
     wm_val, _ = warmstart.examples(fmt, val_rows, "world_model", wm_positions, snapshots)
     if mistake_rows:
         ex, n_dropped = warmstart.examples(fmt, mistake_rows, "world_model", wm_positions, snapshots)
-        report["mistakes"] = {**_mistake_stats(mistake_rows), "examples": len(ex), "dropped_too_long": n_dropped,
+        report["mistakes"] = {**mistake_stats(mistake_rows), "examples": len(ex), "dropped_too_long": n_dropped,
                               "sec": mistakes_sec}
         wm_train = wm_train + ex
     extra, extra_texts, extra_snapshots = [], {}, None  # (kit.world_model_tasks)
     if cfg.world_model_tasks:
         t1, ran_sec = time.monotonic(), report.get("world_model_tasks", {}).get("sec")
-        extra = _generated(tasks_dir, "world_model_tasks", cfg, sandbox, display, done, episodes)
-        extra_texts = _run_apart(_workspace_texts(tasks_dir, sandbox, cfg.rollout_workers,
+        extra = generated_rows(tasks_dir, "world_model_tasks", cfg, sandbox, display, done, episodes)
+        extra_texts = run_apart(workspace_texts_of(tasks_dir, sandbox, SANDBOXES_AT_ONCE,
                                                   [t for t, _ in extra])) if reads_workspace else {}
         extra_snapshots = snapshot_table(extra_texts) if reads_workspace else None
         extra_rows = [row for _, row in extra]
         if cfg.mistakes:
-            extra_rows += episodes("world_model_tasks_mistakes", lambda: _run_apart(
-                _mistake_episodes([t for t, _ in extra], cfg, sandbox, display)))
+            extra_rows += episodes("world_model_tasks_mistakes", lambda: run_apart(
+                mistake_episodes([t for t, _ in extra], cfg, sandbox, display)))
         extra_ex, extra_dropped = warmstart.examples(fmt, extra_rows, "world_model", wm_positions, extra_snapshots)
         report["world_model_tasks"].update(examples=len(extra_ex), dropped_too_long=extra_dropped,
                                            sec=ran_sec or round(time.monotonic() - t1, 1))
         if cfg.mistakes:
-            report["world_model_tasks"]["mistakes"] = _mistake_stats(extra_rows[len(extra):])
+            report["world_model_tasks"]["mistakes"] = mistake_stats(extra_rows[len(extra):])
         wm_train = wm_train + extra_ex
     if cfg.rollouts:
         from obsspec.rollout.trajectory import Trajectory
 
         t1 = time.monotonic()
         trajectories = [Trajectory.from_dict(d) for d in episodes("rollouts", lambda: [
-            tr.to_dict() for tr in _policy_rollouts(policy, tokenizer, fmt, tasks_dir, cfg, sandbox, sampling,
+            tr.to_dict() for tr in policy_rollouts(policy, tokenizer, fmt, tasks_dir, cfg, sandbox, sampling,
                                                     display)])]
         from_rollouts = warmstart.trajectory_examples(
             trajectories, wm_positions,
@@ -478,153 +480,6 @@ def _save_atomically(path: str, save) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     save(tmp)
     os.rename(tmp, path)
-
-
-async def _workspace_texts(tasks_dir: str, sandbox: SandboxConfig, workers: int,
-                           tasks: list | None = None) -> dict[str, str]:
-    """task_id -> workspace snapshot text for `tasks` (default: every task of the suite)."""
-    from obsspec.env.suite import load_tasks
-    from obsspec.worldmodel.snapshot import workspace_texts
-
-    return await workspace_texts(load_tasks(tasks_dir) if tasks is None else tasks, sandbox, workers)
-
-
-
-
-def _mistakes(tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig, display: Display) -> list[dict]:
-    """`_mistake_episodes` of the suite's train tasks."""
-    from obsspec.env.suite import load_tasks
-
-    return _run_apart(_mistake_episodes(load_tasks(os.path.join(tasks_dir, TRAIN_TASKS)), cfg, sandbox, display))
-
-
-async def _mistake_episodes(tasks: list, cfg: KitConfig, sandbox: SandboxConfig, display: Display) -> list[dict]:
-    """`cfg.mistakes` episodes per task of its reference solution with one command edited
-    (`with_mistake`, seeded by the kit's seed, the task and the episode's index), run in real
-    sandboxes without the verifier: trajectories.jsonl-like rows, `reward` None. An episode the
-    sandbox failed to run (`infra_error`) is left out; a task without a solution has none."""
-    import random
-
-    from obsspec.env.episode import run_scripted
-    from obsspec.env.mistakes import with_mistake
-
-    jobs = [(task, with_mistake(task.solution, random.Random(f"{cfg.seed}/kit.mistakes/{task.task_id}/{k}")))
-            for task in tasks if task.solution for k in range(cfg.mistakes)]
-    gate = asyncio.Semaphore(cfg.rollout_workers)
-    display.start(len(jobs), "reference solutions with a mistake, in the sandbox")
-
-    async def one(task, commands):
-        async with gate:
-            record = await run_scripted(task, commands, sandbox, verify=False)
-        display.advance(1)
-        return task, record
-
-    try:
-        results = await asyncio.gather(*(one(t, c) for t, c in jobs))
-    finally:
-        display.finish()
-    return [{**record.to_dict(), "family": task.family, "instruction": task.instruction, "split": "train"}
-            for task, record in results if not record.infra_error]
-
-
-def _mistake_stats(rows: list[dict]) -> dict:
-    steps = [s for r in rows for s in r["steps"]]
-    return {"episodes": len(rows), "steps": len(steps),
-            "failed_steps": sum(s.get("exit_code", 0) != 0 for s in steps)}
-
-
-# ids of generated instances, never those of a suite task
-GENERATED_PREFIX = {"world_model_tasks": "wm-", "policy_tasks": "pt-"}
-WM_TASK_PREFIX = GENERATED_PREFIX["world_model_tasks"]
-
-
-def generated_tasks(tasks_dir: str, key: str, count: int, seed: int) -> tuple[list, list[str], int]:
-    """`count` new instances of the train split's built-in families (`key`: world_model_tasks or
-    policy_tasks), seeded apart from the suite by `seed` and `key`: (tasks, families, duplicates).
-    An instance equal to a suite task (train or val: held-out tasks are never trained on) or to an
-    earlier one is dropped and counted."""
-    from obsspec.env.families import all_families
-    from obsspec.env.suite import builtin_task, identity, instance_seed, load_tasks
-
-    suite = load_tasks(tasks_dir)
-    families = sorted({t.family for t in load_tasks(os.path.join(tasks_dir, TRAIN_TASKS))} & set(all_families()))
-    if not families:
-        raise ValueError(f"kit.{key}: {tasks_dir} has no train tasks of a built-in family "
-                         "to generate more of (an imported suite has no generators): set it to 0")
-    instances = instance_seed(seed, f"kit.{key}", 0)
-    seen = {identity(t) for t in suite}
-    tasks, duplicates = [], 0
-    for i in range(count):
-        task = builtin_task(families[i % len(families)], i // len(families), instances)
-        ident = identity(task)
-        if ident in seen:
-            duplicates += 1
-            continue
-        seen.add(ident)
-        tasks.append(dataclasses.replace(task, task_id=GENERATED_PREFIX[key] + task.task_id))
-    return tasks, families, duplicates
-
-
-def _generated(tasks_dir: str, key: str, cfg: KitConfig, sandbox: SandboxConfig, display: Display,
-               done, episodes) -> list[tuple]:
-    """`generated_tasks` of `cfg.<key>`, each run through its reference solution in a real
-    sandbox: [(task, trajectories.jsonl-like row)] of those that scored 1 (one whose reference did
-    not is dropped and counted). `episodes(name, run)` keeps the rows of a finished batch;
-    `done(key, counts)` reports."""
-    from obsspec.env.episode import run_scripted
-
-    count = getattr(cfg, key)
-    tasks, families, duplicates = generated_tasks(tasks_dir, key, count, cfg.seed)
-
-    async def run() -> list[dict]:
-        gate = asyncio.Semaphore(cfg.rollout_workers)
-        display.start(len(tasks), f"{key.replace('_', ' ')}: reference solutions in the sandbox")
-
-        async def one(task):
-            async with gate:
-                record = await run_scripted(task, task.solution, sandbox)
-            display.advance(1)
-            return {**record.to_dict(), "family": task.family, "instruction": task.instruction, "split": "train"}
-
-        try:
-            return await asyncio.gather(*(one(t) for t in tasks))
-        finally:
-            display.finish()
-
-    rows = {row["task_id"]: row for row in episodes(key, lambda: _run_apart(run()))}
-    kept = [(task, rows[task.task_id]) for task in tasks if rows[task.task_id].get("reward") == 1.0]
-    done(key, {"generated": count, "duplicates": duplicates, "failed": len(tasks) - len(kept),
-               "kept": len(kept), "families": families})
-    return kept
-
-
-def _run_apart(coro):
-    """Run `coro` to the end in an event loop of its own, in a thread of its own: ensure_kit is
-    also called from async code."""
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-def _policy_rollouts(policy, tokenizer, fmt, tasks_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
-                     sampling: Sampling, display: Display):
-    """`cfg.rollouts` sampled episodes of the warm-started policy on train tasks spread over the
-    split, through the same episode loop as every rollout (the engine's fast batched mode: these
-    are training data, not a losslessness check)."""
-    from obsspec.engines.hf import fast_engine
-    from obsspec.env.suite import load_tasks, spread
-    from obsspec.rollout.batch import rollout_tasks
-
-    picked = spread(load_tasks(os.path.join(tasks_dir, TRAIN_TASKS)), cfg.rollouts)
-
-    async def run():
-        async with fast_engine(policy, tokenizer) as engine:
-            return await rollout_tasks(engine, fmt, picked, sandbox, sampling,
-                                       concurrency=cfg.rollout_workers, display=display,
-                                       label="policy rollouts for the world model")
-
-    return _run_apart(run())
 
 
 def main(argv: list[str] | None = None) -> None:

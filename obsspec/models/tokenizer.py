@@ -20,7 +20,7 @@
   (` 1 agent agent `), the date (` Jan  1 00:00 `) — are atomic tokens too, ids 13.. . A listing
   line is then ~11 tokens instead of ~34, and the name of the line before (the only clue to which
   line of a listing comes next) sits ~7 tokens back: in a synthetic probe the tiny world model
-  learned to copy listings with them and not without (bench/listing_copy.py); on the embedded
+  learned to copy listings with them and not without (bench/listing_copy.py in commit f5140f4); on the embedded
   suite's 360 real listings it does not yet (docs/WORLDMODEL.md).
 - A Qwen3-like `chat_template` (system/user/assistant/tool messages) whose text for a trajectory
   is exactly the layout of obsspec/tokens.py.

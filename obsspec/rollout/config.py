@@ -88,7 +88,6 @@ class WorldModelConfig:
     device: str = doc("cpu", "cpu or cuda.")
     max_tokens: int = doc(4160, "Longest draft, in tokens; an unfinished draft cannot match. At "
                                 "least sandbox.output_cap + 64, so an observation at the cap fits.")
-    temperature: float = doc(0.7, "Temperature of the extra drafts when breadth > 1 (the first is greedy).")
     workspace_snapshot: bool = doc(False, "Put a snapshot of the task's initial workspace (`ls -lR` "
                                           "as the agent's terminal prints it, then small text files' contents) ahead "
                                           "of the world model's context, in rollouts, training rows "
@@ -126,8 +125,8 @@ class WorldModelConfig:
         if self.prefix_cache_tokens and self.prefix_cache_tokens < 64:
             raise ValueError(f"world_model.prefix_cache_tokens must be 0 or at least one 64-token block "
                              f"(got {self.prefix_cache_tokens})")
-        if self.max_tokens < 1 or self.temperature < 0:
-            raise ValueError("world_model.max_tokens must be >= 1 and world_model.temperature >= 0")
+        if self.max_tokens < 1:
+            raise ValueError("world_model.max_tokens must be >= 1")
         if not 64 <= self.snapshot_tokens <= 32768:
             raise ValueError(f"world_model.snapshot_tokens must be between 64 and 32768 "
                              f"(got {self.snapshot_tokens})")

@@ -261,6 +261,11 @@ class WithHistory:
 
 
 
+# The extra drafts of rollout.breadth > 1 (the first is greedy) sample at this temperature: warm
+# enough to differ from the greedy draft, cool enough to stay plausible; no recipe has set another.
+EXTRA_DRAFT_TEMPERATURE = 0.7
+
+
 class WorldModelPredictor(Base):
     """`snapshots` (obsspec/worldmodel/views.py `WorkspaceSnapshots`, or None): read the context
     in the task's `WorldView` (its workspace snapshot ahead, its hints after each call;
@@ -269,7 +274,7 @@ class WorldModelPredictor(Base):
     name = "world_model"
 
     def __init__(self, engine, fmt, *, cap: int, max_tokens: int = 256, breadth: int = 1,
-                 temperature: float = 0.7, adapter: str | None = None, seed: int = 0, snapshots=None):
+                 temperature: float = EXTRA_DRAFT_TEMPERATURE, adapter: str | None = None, seed: int = 0, snapshots=None):
         self.engine, self.fmt, self.cap = engine, fmt, cap
         self.max_tokens, self.breadth, self.temperature = max_tokens, breadth, temperature
         self.adapter, self.seed, self.snapshots = adapter, seed, snapshots

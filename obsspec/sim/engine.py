@@ -25,7 +25,7 @@ With `prefill_tok_s=0` prefill is free (its cost folded into the decode speed), 
 chunked prefill, which shares the batch.
 
 What speculation costs committed work is accounted as the hf engine accounts it
-(obsspec/engines/base.py SchedulingStats, hf.py `_charge`): `speculative_compute_sec` is engine
+(obsspec/engines/base.py SchedulingStats, hf_accounts.py `Accounts.charge`): `speculative_compute_sec` is engine
 time on speculative rows, a decode step of n rows of which k speculative counted k/n of it (the
 linear share) and a speculative prefill all of it; over that time every committed request, waiting
 or running, is delayed by the same amount, added to `committed_delay_sec` when it finishes. With

@@ -1,8 +1,14 @@
-"""Tables people read at the end of a command (rich), from a command's summary dict."""
+"""Tables people read at the end of a command (rich), from a command's summary dict.
+
+Without a terminal (CI logs, `| tee`) rich renders 80 columns: labels never wrap and stay within
+LABEL_WIDTH, so the values keep the rest of the line and no label breaks mid-phrase.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+
+LABEL_WIDTH = 44  # 80 columns less a two-column table's borders and padding (7) and ~29 for values
 
 
 def cell(v, pct: bool = False) -> str:
@@ -51,13 +57,12 @@ def print_rollout_table(summary: dict) -> None:
     from rich.table import Table
 
     modes = summary["modes"]
-    title = "rollout" + (" (tool latency includes EMULATED remote latency)"
-                         if summary["tool_latency"]["emulated"] else "")
+    title = "rollout" + (" (EMULATED tool latency)" if summary["tool_latency"]["emulated"] else "")
     if summary.get("replay_of"):
         title = f"replay of {summary['replay_of']} (recorded observations and tool latencies)"
     predictor = modes.get("speculative", {}).get("predictor")
     table = Table(title=title + (f", predictor: {predictor}" if predictor else ""))
-    table.add_column("")
+    table.add_column("", no_wrap=True)
     for m in modes:
         table.add_column(m, justify="right")
     for label, key, pct in ROWS:
@@ -66,7 +71,8 @@ def print_rollout_table(summary: dict) -> None:
     console.print(table)
     comp = summary.get("comparison")
     if comp:
-        console.print(headline(comp) + f"; token-identical: {cell(comp['token_identical'])}")
+        console.print(headline(comp))
+        console.print(f"token-identical: {cell(comp['token_identical'])}")
         if comp["episodes_differing"]:
             console.print(f"episodes differing first in a tool observation (the tool printed something "
                           f"else): {comp['differing_first_in_observation']}; first in a policy action: "
@@ -89,6 +95,13 @@ def headline(comp: dict) -> str:
 def _few(by_kind: dict, most: int = 10) -> dict:
     """Per-kind rows only while they fit a terminal table (all of them are in summary.json)."""
     return by_kind if len(by_kind) <= most else {}
+
+
+def _grouped(heading: str, by_kind: dict) -> list[tuple[str, str]]:
+    """A heading row, then one row per kind indented under it (its name alone: labels stay short)."""
+    indent = " " * (len(heading) - len(heading.lstrip()) + 2)
+    rows = [(indent + kind, f"{cell(a, True)} → {cell(b, True)}") for kind, (a, b) in _few(by_kind).items()]
+    return [(heading, "")] + rows if rows else []
 
 
 def _val_by_family(ev: dict) -> dict:
@@ -119,15 +132,19 @@ def _reduction(interval: dict | None) -> str:
     return f"{-100 * interval['mean']:+.1f} %" + (f" ± {100 * half:.1f}" if half is not None else "")
 
 
+def _counts(pairs) -> str:
+    """`name:count, ...`: a value that wraps between items, never inside one."""
+    return ", ".join(f"{name}:{n}" for name, n in pairs) or "-"
+
+
 def _paired_rows(p: dict) -> list[tuple[str, str]]:
     """Measured: each step's episodes ran speculatively and sequentially on the same seeds."""
     return [
-        (f"rollout time, speculative vs sequential (measured, {p['steps']} paired steps, 95 %)",
-         _reduction(p.get("rollout_reduction"))),
-        ("  episode latency, speculative vs sequential (token-identical episodes)",
-         _reduction(p.get("latency_reduction"))),
-        ("  seconds of rollout, speculative / sequential", f"{p['spec_sec']:.0f} / {p['seq_sec']:.0f}"),
-        ("  episodes that differed between the passes (first in an action; tokens)",
+        ("rollout time saved, measured (95 %)", _reduction(p.get("rollout_reduction"))),
+        ("  paired steps", str(p["steps"])),
+        ("  episode latency (token-identical ones)", _reduction(p.get("latency_reduction"))),
+        ("  seconds, speculative / sequential", f"{p['spec_sec']:.0f} / {p['seq_sec']:.0f}"),
+        ("  episodes differing (in an action; tokens)",
          f"{p['episodes_differing']} ({p['episodes_differing_in_action']}; {p['tokens_differing']})"),
     ]
 
@@ -139,40 +156,38 @@ def print_training_table(summary: dict, latency) -> None:
 
     ev = summary.get("eval", {})
     emulated = getattr(latency, "kind", "none") != "none"
+    paired = summary.get("paired")
     table = Table(title=f"training: {summary.get('steps')} steps" +
-                  (" (tool latency includes EMULATED remote latency)" if emulated else ""))
-    table.add_column("")
+                  (" (tool latency includes EMULATED remote latency)" if emulated else ""),
+                  # overlapped generation leaves out what the world model's own compute slows down,
+                  # which on a shared CPU can outweigh it (docs/WORLDMODEL.md)
+                  caption=None if paired else "time hidden: an estimate; train.measure_speculation=true "
+                                              "measures it")
+    table.add_column("", no_wrap=True)
     table.add_column("value", justify="right")
     rows = [
         ("mean reward, first third of the steps", cell(summary.get("reward_first_third"))),
         ("mean reward, last third of the steps", cell(summary.get("reward_last_third"))),
-        *[(f"  success on {kind}, first → last third",
-           f"{cell(first, True)} → {cell(last, True)}")
-          for kind, (first, last) in _few(summary.get("success_by_kind") or {}).items()],
+        *_grouped("success, first → last third", summary.get("success_by_kind") or {}),
         ("val success before training", cell(ev.get("before", {}).get("success_frac"), True)),
         ("val success after training", cell(ev.get("after", {}).get("success_frac"), True)),
         ("  change, task by task (95 % interval)", _gain(summary.get("val_gain"))),
-        *[(f"  val success on {family}, before → after", f"{cell(before, True)} → {cell(after, True)}")
-          for family, (before, after) in _few(_val_by_family(ev)).items()],
+        *_grouped("  val success by family, before → after", _val_by_family(ev)),
         ("hit rate (mean over steps)", cell(summary.get("hit_rate_mean"), True)),
         # the cache answers what a group member already saw: it must not hide the world model's own
-        ("  world model's own drafts (hits, mean hit rate)",
+        ("  world model's own drafts (hits, mean rate)",
          f"{cell(summary.get('wm_hits'))}, {cell(summary.get('wm_hit_rate_mean'), True)}"),
-        ("  world model's own drafts by command class (hits/compared)",
-         ", ".join(f"{c} {h}/{n}" for c, (h, n) in (summary.get("wm_class_hits") or {}).items()) or "-"),
-        ("  history cache (hits, mean hit rate)",
+        ("    by command class (hits/compared)",
+         _counts((c, f"{h}/{n}") for c, (h, n) in (summary.get("wm_class_hits") or {}).items())),
+        ("  history cache (hits, mean rate)",
          f"{cell(summary.get('cache_hits'))}, {cell(summary.get('cache_hit_rate_mean'), True)}"),
         ("  sibling episodes' results (hits)", cell(summary.get("sibling_hits"))),
         ("speculation skipped (mean share; by reason)",
-         f"{cell(summary.get('skipped_frac_mean'), True)}; " +
-         ", ".join(f"{r} {n}" for r, n in (summary.get("skips") or {}).items())),
-        ("committed work delayed by speculation (worst step)", cell(summary.get("committed_delay_frac_max"), True)),
-        *(_paired_rows(summary["paired"]) if summary.get("paired") else [
-            # overlapped generation: it leaves out what the world model's own compute slows down,
-            # which on a shared CPU can outweigh it (docs/WORLDMODEL.md); train.measure_speculation measures the net
-            ("rollout time hidden by speculation (s, estimate)", "~" + cell(summary.get("latency_saved_sec"))),
-            ("share hidden (estimate, not measured: train.measure_speculation)",
-             "~" + cell(summary.get("latency_saved_frac"), True))]),
+         f"{cell(summary.get('skipped_frac_mean'), True)}; {_counts((summary.get('skips') or {}).items())}"),
+        ("committed work delayed (worst step)", cell(summary.get("committed_delay_frac_max"), True)),
+        *(_paired_rows(paired) if paired else [
+            ("rollout time hidden, estimate (s)", "~" + cell(summary.get("latency_saved_sec"))),
+            ("share of rollout time hidden, estimate", "~" + cell(summary.get("latency_saved_frac"), True))]),
         ("world-model adapter versions", cell(summary.get("wm_version"))),
         ("infra failures (excluded)", cell(summary.get("infra_failures"))),
         ("run directory", str(summary.get("out_dir"))),

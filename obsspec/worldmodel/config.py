@@ -25,13 +25,8 @@ class WorldModelTrainConfig:
     """How `obsspec train-worldmodel` (and co-training in `obsspec train`) fine-tunes the world
     model: a LoRA adapter on the recipe's `world_model.model`, loss on observation tokens only."""
 
-    data: tuple[str, ...] = doc((), "Sources of examples, one or several: a prepared task suite "
-                                    "(its reference trajectories.jsonl), a rollout or train run "
-                                    "directory (trajectories-*.jsonl, rollouts/step-*/...), or one "
-                                    "trajectories JSONL file. `--data` on the command line adds more.")
     rank: int = doc(8, "LoRA rank r.")
     alpha: int = doc(16, "LoRA alpha (the update is scaled by alpha / rank).")
-    dropout: float = doc(0.0, "LoRA dropout.")
     target_modules: tuple[str, ...] = doc(ALL_LINEAR, "Module names LoRA wraps (default: every "
                                                       "linear layer of a Qwen3 block).")
     learning_rate: float = doc(2e-3, "Peak learning rate (AdamW, cosine decay, 5% warm-up); LoRA "
@@ -53,21 +48,15 @@ class WorldModelTrainConfig:
                                                 "(32k tokens: ~80 GiB; with it ~5). For long rows on GPUs.")
     eval_fraction: float = doc(0.2, "Share of task instances held out (split by task instance, so "
                                     "no held-out step comes from an episode trained on).")
-    eval_limit: int = doc(200, "Most held-out steps drafted in the evaluation, spread over them "
-                               "(0 = all); drafting is the slow part on a CPU.")
     eval_max_tokens: int = doc(0, "Draft cap in evaluation (0 = world_model.max_tokens); a draft "
                                   "that needs more counts as unusable.")
     init_adapter: str = doc("", "Continue training this adapter (a folder, a run directory = its "
                                 "latest version, or DIR@N); '' = a fresh adapter.")
     seed: int = doc(0, "Seed of the split, LoRA initialisation and data order.")
-    out_dir: str = doc("", "Run directory of train-worldmodel; '' = RUN_DIR/world_model. Adapter "
-                           "versions go to OUT_DIR/adapters/v000001/..., `latest` points at the newest.")
 
     def __post_init__(self) -> None:
         if self.rank < 1 or self.alpha < 1:
             raise ValueError(f"wm_train.rank and wm_train.alpha must be >= 1 (got {self.rank}, {self.alpha})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"wm_train.dropout must be in [0, 1), got {self.dropout}")
         if not self.target_modules:
             raise ValueError("wm_train.target_modules is empty: name at least one module, e.g. [q_proj, v_proj]")
         if self.learning_rate <= 0 or self.epochs <= 0 or self.max_steps < 0:
@@ -80,13 +69,18 @@ class WorldModelTrainConfig:
                              f"wm_train.batch_size ({self.batch_size}) (0 = batch_size)")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"wm_train.eval_fraction must be in [0, 1), got {self.eval_fraction}")
-        if self.eval_limit < 0 or self.eval_max_tokens < 0:
-            raise ValueError("wm_train.eval_limit and wm_train.eval_max_tokens must be >= 0")
+        if self.eval_max_tokens < 0:
+            raise ValueError("wm_train.eval_max_tokens must be >= 0")
 
 
-def peft_lora(rank: int, alpha: int, target_modules, dropout: float = 0.0):
+# No LoRA dropout: the adapters train a few hundred steps on fresh rollouts, where dropout's noise
+# only slows them; no recipe has ever set another value.
+LORA_DROPOUT = 0.0
+
+
+def peft_lora(rank: int, alpha: int, target_modules):
     """The PEFT LoraConfig obsspec trains (the world model's adapters and a policy LoRA alike)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=LORA_DROPOUT,
                       target_modules=list(target_modules), bias="none", task_type="CAUSAL_LM")

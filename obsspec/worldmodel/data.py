@@ -76,7 +76,7 @@ def source_files(path: str) -> list[str]:
 
 def load_episodes(paths: list[str] | tuple[str, ...]) -> list[Episode]:
     if not paths:
-        raise DataError("no data: give --data DIR (a task suite or a run directory), or set wm_train.data")
+        raise DataError("no data: give --data DIR (a task suite or a run directory)")
     episodes: list[Episode] = []
     for path in paths:
         for file in source_files(path):

@@ -5,7 +5,7 @@ names, for the world model to copy from right where it writes (`world_model.hint
     hint("cat data/a.txt")   # ids of "<|im_start|>system\\n<workspace>\\n==> data/a.txt <==\\n...</workspace><|im_end|>\\n"
 
 A tiny world model learns to copy a span placed next to the call, but not to find it in a whole
-snapshot ahead of the context (docs/BENCHMARKS.md, "World model"). The spans are those of the
+snapshot ahead of the context (docs/WORLDMODEL.md, "Copying listings"). The spans are those of the
 rendered snapshot (obsspec/worldmodel/snapshot.py `render`, parsed by `copies.spans`): a
 folder's block of the `ls -lR` listing for a folder the command names (the top folder for a bare
 `ls`, every folder below it too for a recursive command), a file's section for a file it names,

@@ -27,6 +27,10 @@ from obsspec.worldmodel import data
 from obsspec.worldmodel.adapters import AdapterStore, resolve_adapter
 from obsspec.worldmodel.evaluate import evaluate_models, gain
 
+# Most held-out steps the evaluation drafts, spread over them: drafting is the slow part on a CPU,
+# and 200 steps already give its rates to a few points; no recipe has set another.
+EVAL_STEPS = 200
+
 
 def base_model_path(recipe: Recipe, display: Display) -> str:
     """The recipe's world model: the kit's base for 'tiny' (built on first use), else a folder
@@ -56,7 +60,7 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
     display = display or NullDisplay()
     cfg = recipe.wm_train
     t0 = time.monotonic()
-    sources = [*cfg.data, *(data_paths or [])]
+    sources = list(data_paths or [])
     eval_sources = list(eval_on or []) or sources
     # Every input is checked before minutes of work: sources, adapters.
     evaluated = None if eval_only in ("", "base") else resolve_adapter(eval_only)
@@ -118,8 +122,7 @@ def evaluate(fmt, model, tokenizer, recipe: Recipe, sources: list[str], episodes
     cfg = recipe.wm_train
     _, held = data.split_by_task(episodes, cfg.eval_fraction, cfg.seed)
     cases, duplicates = data.eval_cases(fmt, held, snapshot_table(snapshots, tasks, held))
-    if cfg.eval_limit:
-        cases = spread(cases, min(cfg.eval_limit, len(cases)))
+    cases = spread(cases, min(EVAL_STEPS, len(cases)))
     results = evaluate_models(model, tokenizer, cases, adapters, cap=recipe.sandbox.output_cap,
                               max_tokens=cfg.eval_max_tokens or recipe.world_model.max_tokens,
                               display=display, hf_options=recipe.world_model.hf_options) if cases else {}

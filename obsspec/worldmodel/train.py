@@ -25,7 +25,7 @@ from obsspec.worldmodel.config import WorldModelTrainConfig, peft_lora
 
 
 def lora_config(cfg: WorldModelTrainConfig):
-    return peft_lora(cfg.rank, cfg.alpha, cfg.target_modules, cfg.dropout)
+    return peft_lora(cfg.rank, cfg.alpha, cfg.target_modules)
 
 
 def check_targets(base_model: Any, cfg: WorldModelTrainConfig) -> None:

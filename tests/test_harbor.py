@@ -6,6 +6,7 @@ files, setup or reward handling) shows up as a wrong reward.
 """
 
 import asyncio
+import os
 import shutil
 from pathlib import Path
 
@@ -333,3 +334,89 @@ def test_a_missing_base_is_asked_for_once_however_many_tasks_use_it(tmp_path, mo
     report = import_harbor(tmp_path)
     assert report.counts() == {"base-image": 5}
     assert calls == [("exists", "org/base:1"), ("pull",)], calls
+
+
+HOSTILE = FIXTURES / "harbor_hostile"  # (deep, huge and oddly named folders are made below)
+HOSTILE_SKIPS = {
+    "inf-memory": ("task.toml", "task.toml: environment.memory must be a size"),
+    "huge-storage": ("task.toml", "task.toml: environment.storage must be a size"),
+    "nan-cpus": ("task.toml", "task.toml: environment.cpus must be a positive number"),
+    "symlink-loop": ("files", "tests/loop is a symlink to a directory or to nothing"),
+    "dir-link": ("files", "tests/up is a symlink to a directory or to nothing"),
+    "deep": ("files", "directories nested more than 32 deep"),
+    "wide": ("files", "more than 5000 files and directories"),
+    "huge": ("files", "files too large (1048576.0 MB > 5 MB total)"),
+    "escape-name": ("files", r"'tests/\x1b[2Jreward 1': a file name with a control character"),
+    "newline-name": ("files", r"'tests/a\nb': a file name with a control character"),
+}
+
+
+def test_hostile_folders_are_one_line_skips_counted_by_kind_and_the_rest_import(tmp_path):
+    """`memory = inf` and `storage_mb = 1e400` raised OverflowError and a folder 1,100 deep
+    RecursionError, losing every other task of the import with them."""
+    shutil.copytree(HOSTILE, tmp_path, symlinks=True, dirs_exist_ok=True)
+    deep = make_task(tmp_path, "deep") / "environment"
+    deep.mkdir()
+    _nest(deep, 1100)
+    try:
+        _check_hostile(tmp_path)
+    finally:
+        _nest(deep, 0)  # (pytest's own clean-up of old tmp dirs recurses too)
+
+
+def _nest(path: Path, levels: int) -> None:
+    """Make `levels` directories `d/d/...` under `path` (past PATH_MAX: one at a time from
+    inside), or remove them all (levels=0)."""
+    here = os.getcwd()
+    os.chdir(path)
+    try:
+        if levels:
+            for _ in range(levels):
+                os.mkdir("d")
+                os.chdir("d")
+        else:
+            depth = 0
+            while os.path.isdir("d"):
+                os.chdir("d")
+                depth += 1
+            for _ in range(depth):
+                os.chdir("..")
+                os.rmdir("d")
+    finally:
+        os.chdir(here)
+
+
+def _check_hostile(tmp_path: Path) -> None:
+    wide = make_task(tmp_path, "wide", environment__data="x") / "environment"
+    for i in range(5_000):
+        os.close(os.open(wide / str(i), os.O_CREAT | os.O_WRONLY))
+    with open(make_task(tmp_path, "huge", environment__data="x") / "environment" / "sparse", "wb") as f:
+        f.truncate(1 << 40)  # a sparse terabyte: stat only, never read
+    (make_task(tmp_path, "escape-name") / "tests" / "\x1b[2Jreward 1").write_text("x")
+    (make_task(tmp_path, "newline-name") / "tests" / "a\nb").write_text("x")
+    report = import_harbor(tmp_path)
+    assert [t.task_id for t in report.tasks] == ["harbor-good"]
+    reasons = dict(report.skipped)
+    assert sorted(reasons) == sorted(HOSTILE_SKIPS)
+    for name, (kind, reason) in HOSTILE_SKIPS.items():
+        assert reasons[name].startswith(reason) and report.kinds[name] == kind, (name, reasons[name])
+        assert reasons[name].isprintable(), name
+    assert report.counts() == {"files": 7, "task.toml": 3}
+
+
+def test_an_unforeseen_error_in_one_folder_is_a_counted_skip(tmp_path, monkeypatch):
+    from obsspec.env import harbor
+
+    make_task(tmp_path, "a")
+    make_task(tmp_path, "b")
+
+    def broken(folder, env):
+        if folder.name == "a":
+            raise OverflowError("cannot convert float infinity\nto integer")
+        return []
+
+    monkeypatch.setattr(harbor, "_solution", broken)
+    report = import_harbor(tmp_path)
+    assert [t.task_id for t in report.tasks] == ["harbor-b"]
+    assert report.skipped == [("a", r"cannot import: OverflowError: cannot convert float infinity\nto integer")]
+    assert report.counts() == {"unreadable": 1}

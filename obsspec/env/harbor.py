@@ -59,6 +59,7 @@ Decisions:
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
 import re
@@ -74,6 +75,9 @@ from obsspec.env.semantics import HARBOR, ISOLATED, check as check_semantics
 from obsspec.env.task import Task, check_workdir
 
 MAX_TASK_BYTES = 5 * 1024 * 1024
+MAX_DEPTH = 32          # directory levels in a task folder (1,100 levels overflowed Python's stack)
+MAX_ENTRIES = 5_000     # files and directories in a task folder
+MAX_SIZE_MB = 1 << 20   # a task's memory or storage: at most 1 TiB (inf overflowed int())
 MAX_VERIFY_TIMEOUT_S = 86_400.0  # a task's own limit, kept finite (JSON has no infinity)
 DEFAULT_WORKDIR = "/app"  # what Harbor images usually use
 DOCKER_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml")
@@ -147,8 +151,13 @@ def import_harbor(path: str | os.PathLike, semantics: str = HARBOR) -> ImportRep
             if task.task_id in owner:  # two names can sanitise to the same id
                 raise _Skip(f"task id {task.task_id!r} is already taken by {owner[task.task_id]}", "layout")
         except _Skip as e:
-            report.skipped.append((folder.name, str(e)))
+            report.skipped.append((folder.name, one_line(str(e))))
             report.kinds[folder.name] = e.kind
+            continue
+        except Exception as e:  # noqa: BLE001
+            # Whatever else a hostile folder breaks costs that folder, never the whole import.
+            report.skipped.append((folder.name, one_line(f"cannot import: {type(e).__name__}: {e}")))
+            report.kinds[folder.name] = "unreadable"
             continue
         owner[task.task_id] = folder.name
         report.tasks.append(task)
@@ -261,15 +270,18 @@ def _resources(config: dict) -> dict:
 
 
 def _megabytes(value, key: str) -> int:
-    """MiB from a number (MiB) or a size such as '2G', '512M', '1.5g'."""
-    if type(value) in (int, float) and value > 0:
-        return max(1, int(value))
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*", str(value), re.I)
-    if not m or float(m.group(1)) <= 0:
-        raise _Skip(f"task.toml: environment.{key} must be a size such as '2G' or a number of MiB, "
-                    f"not {value!r}", "task.toml")
-    scale = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2).lower()]
-    return max(1, int(float(m.group(1)) * scale))
+    """MiB from a number (MiB) or a size such as '2G', '512M', '1.5g'; finite, at most MAX_SIZE_MB."""
+    mib = None
+    if type(value) in (int, float):
+        mib = float(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*", str(value), re.I)
+        if m:
+            mib = float(m.group(1)) * {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2).lower()]
+    if mib is None or not (math.isfinite(mib) and 0 < mib <= MAX_SIZE_MB):  # (inf, nan, 1e400)
+        raise _Skip(f"task.toml: environment.{key} must be a size such as '2G' or a number of MiB "
+                    f"(at most 1T), not {value!r}", "task.toml")
+    return max(1, int(mib))
 
 
 def _dockerfile_workdir(text: str) -> str:
@@ -349,10 +361,39 @@ def _slug(name: str) -> str:
 # Reading files safely
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """A reason fit for one terminal line: control characters escaped, at most `limit` characters."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _walk(base: Path):
+    """(dirpath, dirnames, filenames) under `base`, top-down, without recursion (a deep tree
+    overflowed os.walk's stack), never following directory links; a tree deeper than MAX_DEPTH
+    or with more than MAX_ENTRIES entries is a skip."""
+    stack, entries = [(str(base), 0)], 0
+    while stack:
+        top, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _Skip(f"directories nested more than {MAX_DEPTH} deep")
+        try:
+            with os.scandir(top) as it:
+                listing = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            raise _Skip(f"cannot read {os.path.relpath(top, base)}: {e.strerror}") from None
+        entries += len(listing)
+        if entries > MAX_ENTRIES:
+            raise _Skip(f"more than {MAX_ENTRIES} files and directories")
+        dirs = [e.name for e in listing if e.is_dir(follow_symlinks=False)]
+        yield top, dirs, [e.name for e in listing if not e.is_dir(follow_symlinks=False)]
+        stack += [(os.path.join(top, d), depth + 1) for d in reversed(dirs)]
+
+
 def _check_tree(folder: Path) -> None:
-    """Skip folders with symlinks leaving the folder, or more than MAX_TASK_BYTES of files."""
+    """Skip folders with symlinks leaving the folder, or more than MAX_TASK_BYTES of files,
+    names that are not UTF-8 or hold control characters, too deep or too many entries."""
     total = 0
-    for dirpath, dirnames, filenames in os.walk(folder, onerror=_unreadable):
+    for dirpath, dirnames, filenames in _walk(folder):
         for name in dirnames + filenames:
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, folder)
@@ -360,6 +401,8 @@ def _check_tree(folder: Path) -> None:
                 rel.encode("utf-8")
             except UnicodeEncodeError:
                 raise _Skip(f"{rel!r}: a file name that is not UTF-8") from None
+            if not name.isprintable():  # (a name is shown on terminals and written in tar headers)
+                raise _Skip(f"{rel!r}: a file name with a control character")
             if os.path.islink(path):
                 target = os.path.realpath(path)
                 if os.path.commonpath([target, folder]) != str(folder):
@@ -372,20 +415,16 @@ def _check_tree(folder: Path) -> None:
                 st = os.stat(path, follow_symlinks=False)
                 if not stat.S_ISREG(st.st_mode):  # a FIFO hung the import, /dev/zero's twin ate memory
                     raise _Skip(f"{rel} is not a regular file (a FIFO, socket or device)")
-                total += st.st_size
+                total += st.st_size  # (stat only: a sparse 1 TB file is never read)
     if total > MAX_TASK_BYTES:
         raise _Skip(f"files too large ({total / 2**20:.1f} MB > "
                     f"{MAX_TASK_BYTES // 2**20} MB total)")
 
 
-def _unreadable(error: OSError) -> None:
-    raise _Skip(f"cannot read {error.filename}: {error.strerror}")
-
-
 def _names(base: Path) -> list[str]:
     """Relative paths of every file under `base`, sorted."""
     found = []
-    for dirpath, _, filenames in os.walk(base, onerror=_unreadable):
+    for dirpath, _, filenames in _walk(base) if base.is_dir() else ():
         found += [os.path.relpath(os.path.join(dirpath, n), base) for n in filenames]
     return sorted(found)
 

@@ -206,8 +206,9 @@ def sweep_once() -> None:
 
 
 def seccomp_profile() -> str:
-    """Path of the seccomp profile (obsspec/env/seccomp.py's rules, the bubblewrap sandbox's)."""
-    text = json.dumps(seccomp.oci_profile(), indent=1, sort_keys=True)
+    """Path of the seccomp profile: the runtime's default with obsspec/env/seccomp.py's rules
+    (the bubblewrap sandbox's), no user namespaces (seccomp.oci_profile)."""
+    text = json.dumps(seccomp.oci_profile(seccomp.runtime_default()), indent=1, sort_keys=True)
     path = os.path.join(cache_dir(), f"seccomp-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
     if not os.path.exists(path):
         _write(path, text)

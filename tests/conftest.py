@@ -56,6 +56,7 @@ SLOW_TESTS = {
     "test_podman.py::test_the_first_container_of_a_process_removes_those_whose_harness_is_dead",
     "test_podman.py::test_every_builtin_family_validates_in_a_container",
     "test_podman.py::test_speculation_is_lossless_on_container_tasks",
+    "test_podman.py::test_memory_the_agents_files_hold_at_verification_scores_zero_never_infra",
     "test_plan.py::test_activation_bytes_are_what_autograd_keeps",
     "test_plan.py::test_a_start_on_gpus_refuses_before_anything_loads",
     "test_scale.py::test_the_scale_benchmark_runs_and_reports_its_figures",

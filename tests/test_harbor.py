@@ -6,6 +6,7 @@ files, setup or reward handling) shows up as a wrong reward.
 """
 
 import asyncio
+import json
 import os
 import shutil
 from pathlib import Path
@@ -93,7 +94,7 @@ def test_setup_sh_files_and_dockerfile_workdir():
 def test_category_is_sanitised_and_verifier_env_exported():
     task = tasks_by_id()["harbor-sum-scores"]
     assert task.family == "harbor:data-processing"
-    assert task.verify.startswith("export SCORES_FILE=/app/scores.csv\n")
+    assert task.verify.startswith("export SCORES_FILE=/tests/scores.csv\n")
     assert "reward.json" in task.verify
 
 
@@ -252,9 +253,38 @@ def test_solution_passes_and_doing_nothing_fails(task_id):
 
 @needs_bwrap
 def test_reward_json_partial_credit_reaches_the_sandbox():
+    """(and the grader's expected sum is its own: it read /app/scores.csv, so a rewritten input
+    and a matching answer scored 1)"""
     task = tasks_by_id()["harbor-sum-scores"]
     assert asyncio.run(episode(task, ["echo 7 > sum.txt"]))[1] == 0.5
     assert asyncio.run(episode(task, []))[1] == 0.0
+    assert asyncio.run(episode(task, ["printf 'name,score\\n' > scores.csv; echo 0 > sum.txt"]))[1] == 0.5
+
+
+def test_prepare_tasks_drops_or_flags_what_a_cheap_cheat_passes(tmp_path):
+    """The audit (obsspec/env/audit.py) on sum-scores as it shipped (its grader read the
+    agent's /app/scores.csv): placeholder answers (`0` in every file its tests name) pass it.
+    Dropped by default, kept and named with `cheat_audit: flag`; the fixed task passes none."""
+    from obsspec.env.audit import cheat_commands
+    from obsspec.env.suite import TasksConfig, prepare_tasks
+    from obsspec.progress import NullDisplay
+
+    src = tmp_path / "src"
+    shutil.copytree(GOOD / "sum-scores", src / "sum-scores")
+    shutil.copytree(GOOD / "sum-scores", src / "old-sum-scores")
+    toml = src / "old-sum-scores" / "task.toml"
+    toml.write_text(toml.read_text().replace("/tests/scores.csv", "/app/scores.csv"))
+    assert sorted(cheat_commands(import_harbor(src).tasks[0])) == ["delete-inputs", "empty-inputs", "failed-run", "placeholder"]
+    for mode in ("drop", "flag"):
+        cfg = TasksConfig(builtin=False, harbor_dir=str(src), harbor_semantics="isolated", val_fraction=0.0,
+                          determinism_check=False, workers=2, cheat_audit=mode)
+        summary = asyncio.run(prepare_tasks(cfg, FAST, str(tmp_path / mode), NullDisplay()))
+        manifest = json.loads((tmp_path / mode / "manifest.json").read_text())
+        assert manifest["cheats"] == {"audited": 2, "passed_by_a_cheat": 1,
+                                      "tasks": {"harbor-old-sum-scores": ["placeholder"]}}, manifest["cheats"]
+        assert summary["cheat_passes_share"] == 0.5
+        assert summary["train"] == (1 if mode == "drop" else 2)
+    assert manifest["reasons"] == {}  # (flagged, not dropped)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ instruction and tests name; a task that one passes (reward 1) is dropped, or kep
     placeholder        '0' written to every file the tests (or the instruction) name, inputs included
     failed-run         the reference solution run on emptied inputs, the inputs then put back:
                        outputs of a run that got everything wrong, in the right places
+    pytest-hooks       a conftest.py in the workdir, HOME and / that reports every test passed
+                       (only for tests that use pytest): a test.sh that collects from there
 
     cheat_commands(task)            # {name: [shell command]}
     await audit(task, config)       # names of the cheats that pass its verifier
@@ -29,6 +31,14 @@ MODES = ("drop", "flag", "off")
 # (paths of the system, the verifier's own places and the harness's: never an input or answer)
 NOT_TASK_PATHS = ("/tests", "/logs", "/proc", "/dev", "/sys", "/usr", "/bin", "/sbin", "/lib",
                   "/lib64", "/etc", "/run", "/var/lib", "/opt/conda", "/root/.cache")
+PASS_ALL = """import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    report.outcome = "passed"
+"""
 _ABSOLUTE = re.compile(r"(?<![\w.$/~}:-])(/(?:[\w.-]+/)*[\w.-]*\w)")
 # `name.ext` (a letter-only extension, not a call such as `json.load(`), relative to the workdir
 _RELATIVE = re.compile(r"(?<![\w./$~}:-])([\w-]+(?:/[\w.-]+)*\.[A-Za-z]{1,8})\b(?![(\w])")
@@ -68,6 +78,10 @@ def cheat_commands(task: Task) -> dict[str, list[str]]:
             back = (f"for f in {q}; do b={keep}/\"$(echo \"$f\" | tr / _)\"; [ -f \"$b\" ] && cp -p -- \"$b\" \"$f\"; done; "
                     f"rm -rf {keep}; true")
             out["failed-run"] = [save, *task.solution, back]
+    if "pytest" in tests_text(task) or "pytest" in task.verify:
+        places = f'{shlex.quote(task.workdir)} "$HOME" /'
+        out["pytest-hooks"] = [f"for d in {places}; do printf %s {shlex.quote(PASS_ALL)} > \"$d/conftest.py\"; "
+                               f"done 2>/dev/null; true"]
     if read:
         zero = " ".join(shlex.quote(p) for p in read)
         out["placeholder"] = [f"for f in {zero}; do [ -d \"$f\" ] || {{ mkdir -p \"$(dirname \"$f\")\"; echo 0 > \"$f\"; }}; "

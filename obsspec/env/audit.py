@@ -10,7 +10,8 @@ instruction and tests name; a task that one passes (reward 1) is dropped, or kep
     delete-inputs      every file the instruction names, deleted
     placeholder        '0' written to every file the tests (or the instruction) name, inputs included
     failed-run         the reference solution run on emptied inputs, the inputs then put back:
-                       outputs of a run that got everything wrong, in the right places
+                       outputs of a run that got everything wrong, in the right places (counted
+                       only where that run, inputs left empty, fails: else nothing was wrong)
     pytest-hooks       a conftest.py in the workdir, HOME and / that reports every test passed
                        (only for tests that use pytest): a test.sh that collects from there
 
@@ -92,9 +93,12 @@ def cheat_commands(task: Task) -> dict[str, list[str]]:
 async def audit(task: Task, config) -> list[str]:
     """Names of the cheats that pass `task`'s verifier (reward 1). A cheat whose episode failed in
     the sandbox does not count as passing."""
+    async def passes(commands: list[str]) -> bool:
+        record = await run_scripted(task, commands, config)
+        return not record.infra_error and record.reward is not None and record.reward >= 1.0
+
     passed = []
     for name, commands in cheat_commands(task).items():
-        record = await run_scripted(task, commands, config)
-        if not record.infra_error and record.reward is not None and record.reward >= 1.0:
+        if await passes(commands) and not (name == "failed-run" and await passes(commands[:-1])):
             passed.append(name)
     return passed

@@ -17,6 +17,7 @@ SLOW_TESTS = {
     "test_harbor.py::test_the_verifiers_timeout_sec_is_its_time_limit",
     "test_harbor.py::test_hostile_folders_are_one_line_skips_counted_by_kind_and_the_rest_import",
     "test_harbor.py::test_prepare_tasks_drops_or_flags_what_a_cheap_cheat_passes",
+    "test_harbor.py::test_the_audit_names_a_verifier_that_runs_the_agents_venv",
     "test_harbor.py::test_reward_json_partial_credit_reaches_the_sandbox",
     "test_kit.py::test_a_micro_policy_learns_to_copy_names_it_never_saw",
     "test_kit.py::test_a_kit_that_differs_in_its_world_model_only_trains_the_world_model_alone",

@@ -450,3 +450,19 @@ def test_an_unforeseen_error_in_one_folder_is_a_counted_skip(tmp_path, monkeypat
     assert [t.task_id for t in report.tasks] == ["harbor-b"]
     assert report.skipped == [("a", r"cannot import: OverflowError: cannot convert float infinity\nto integer")]
     assert report.counts() == {"unreadable": 1}
+
+
+@needs_bwrap
+def test_the_audit_names_a_verifier_that_runs_the_agents_venv(tmp_path):
+    """A test.sh that activates the workdir's .venv runs whatever python3 the agent put there:
+    the `venv-shims` cheat passes it; the same check run by the system's python3 passes none."""
+    from obsspec.env.audit import audit
+
+    check = "tests__check.py"
+    src = "import sys\nsys.exit(0 if open('/app/answer.txt').read() == '42\\n' else 1)\n"
+    make_task(tmp_path, "venv", **{check: src,
+              "tests__test.sh": "cd /app && . .venv/bin/activate 2>/dev/null; python3 /tests/check.py\n"})
+    make_task(tmp_path, "plain", **{check: src, "tests__test.sh": "python3 /tests/check.py\n"})
+    tasks = {t.task_id: t for t in import_harbor(tmp_path, semantics="isolated").tasks}
+    assert asyncio.run(audit(tasks["harbor-venv"], FAST)) == ["venv-shims"]
+    assert asyncio.run(audit(tasks["harbor-plain"], FAST)) == []

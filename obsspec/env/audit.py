@@ -14,6 +14,8 @@ instruction and tests name; a task that one passes (reward 1) is dropped, or kep
                        only where that run, inputs left empty, fails: else nothing was wrong)
     pytest-hooks       a conftest.py in the workdir, HOME and / that reports every test passed
                        (only for tests that use pytest): a test.sh that collects from there
+    venv-shims         `.venv/bin/{activate,python,python3,pytest}` in the workdir that exit 0
+                       (only for tests that name a venv): a test.sh that uses the agent's venv
 
     cheat_commands(task)            # {name: [shell command]}
     await audit(task, config)       # names of the cheats that pass its verifier
@@ -83,6 +85,10 @@ def cheat_commands(task: Task) -> dict[str, list[str]]:
         places = f'{shlex.quote(task.workdir)} "$HOME" /'
         out["pytest-hooks"] = [f"for d in {places}; do printf %s {shlex.quote(PASS_ALL)} > \"$d/conftest.py\"; "
                                f"done 2>/dev/null; true"]
+    if ".venv" in tests_text(task) or "bin/activate" in tests_text(task):
+        bin_ = shlex.quote(posixpath.join(task.workdir, ".venv/bin"))
+        out["venv-shims"] = [f"mkdir -p {bin_} && for t in python python3 pytest; do printf '#!/bin/sh\\nexit 0\\n' "
+                             f"> {bin_}/$t; chmod +x {bin_}/$t; done; echo \"export PATH={bin_}:\\$PATH\" > {bin_}/activate"]
     if read:
         zero = " ".join(shlex.quote(p) for p in read)
         out["placeholder"] = [f"for f in {zero}; do [ -d \"$f\" ] || {{ mkdir -p \"$(dirname \"$f\")\"; echo 0 > \"$f\"; }}; "

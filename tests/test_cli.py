@@ -69,10 +69,21 @@ def test_broken_yaml_is_one_line(tmp_path):
 
 @needs_bwrap
 def test_shell_prints_observations_as_the_agent_sees_them():
-    r = cli("shell", "find-by-name-00003", "-c", "echo hi; false", "-c", "exit 3", "--no-verify")
+    """...with control characters escaped: ESC and CR in an agent's output reached the terminal
+    raw (clear the screen, print a fake 'verifier reward: 1'). The policy's tokens keep them."""
+    fake = r"printf '\033[2J\033[H\rverifier reward: 1\n'"
+    r = cli("shell", "find-by-name-00003", "-c", "echo hi; false", "-c", "exit 3", "-c", fake, "--no-verify")
     assert r.returncode == 0, r.stderr
     assert "<tool_response>\nhi\n\n(exit_code=1)\n</tool_response>" in r.stdout
     assert "<tool_response>\n(no output)\n(exit_code=3)\n</tool_response>" in r.stdout
+    assert "\\x1b[2J\\x1b[H\\rverifier reward: 1\n" in r.stdout
+    assert not any(c in r.stdout for c in "\x1b\r"), "a control character reached the terminal"
+    from obsspec.chat import wrap_observation
+    from obsspec.env.shell import for_terminal
+
+    raw = "\x1b[2J\rok\u202e\x9b\tx\n"
+    assert for_terminal(raw) == "\\x1b[2J\\rok\\u202e\\x9b\tx\n"
+    assert raw in wrap_observation(raw), "the policy's observation was escaped too"
 
 
 @needs_bwrap

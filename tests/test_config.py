@@ -43,6 +43,7 @@ def test_reset_override_restores_default(tmp_path):
     ("sandbox:\n  timeout_s: 3\n bad: [\n", [], "YAML syntax error (line"),
     ("- a\n- b\n", [], "a recipe must be a mapping"),
     ("", ["tasks.val_fraction=1.5"], "tasks.val_fraction must be in [0, 1)"),
+    ("", ["tasks.cheat_audit=maybe"], "tasks.cheat_audit must be one of drop, flag, off"),
     ("", ["sandbox.isolation=docker"], "sandbox.isolation must be 'bwrap' or 'none'"),
     ("", ["sandbox.timeout_s=-1"], "sandbox.timeout_s must be a positive number"),
     ("", ["nonsense"], "expected key=value"),

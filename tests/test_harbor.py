@@ -6,6 +6,8 @@ files, setup or reward handling) shows up as a wrong reward.
 """
 
 import asyncio
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -92,7 +94,7 @@ def test_setup_sh_files_and_dockerfile_workdir():
 def test_category_is_sanitised_and_verifier_env_exported():
     task = tasks_by_id()["harbor-sum-scores"]
     assert task.family == "harbor:data-processing"
-    assert task.verify.startswith("export SCORES_FILE=/app/scores.csv\n")
+    assert task.verify.startswith("export SCORES_FILE=/tests/scores.csv\n")
     assert "reward.json" in task.verify
 
 
@@ -251,9 +253,38 @@ def test_solution_passes_and_doing_nothing_fails(task_id):
 
 @needs_bwrap
 def test_reward_json_partial_credit_reaches_the_sandbox():
+    """(and the grader's expected sum is its own: it read /app/scores.csv, so a rewritten input
+    and a matching answer scored 1)"""
     task = tasks_by_id()["harbor-sum-scores"]
     assert asyncio.run(episode(task, ["echo 7 > sum.txt"]))[1] == 0.5
     assert asyncio.run(episode(task, []))[1] == 0.0
+    assert asyncio.run(episode(task, ["printf 'name,score\\n' > scores.csv; echo 0 > sum.txt"]))[1] == 0.5
+
+
+def test_prepare_tasks_drops_or_flags_what_a_cheap_cheat_passes(tmp_path):
+    """The audit (obsspec/env/audit.py) on sum-scores as it shipped (its grader read the
+    agent's /app/scores.csv): placeholder answers (`0` in every file its tests name) pass it.
+    Dropped by default, kept and named with `cheat_audit: flag`; the fixed task passes none."""
+    from obsspec.env.audit import cheat_commands
+    from obsspec.env.suite import TasksConfig, prepare_tasks
+    from obsspec.progress import NullDisplay
+
+    src = tmp_path / "src"
+    shutil.copytree(GOOD / "sum-scores", src / "sum-scores")
+    shutil.copytree(GOOD / "sum-scores", src / "old-sum-scores")
+    toml = src / "old-sum-scores" / "task.toml"
+    toml.write_text(toml.read_text().replace("/tests/scores.csv", "/app/scores.csv"))
+    assert sorted(cheat_commands(import_harbor(src).tasks[0])) == ["delete-inputs", "empty-inputs", "failed-run", "placeholder"]
+    for mode in ("drop", "flag"):
+        cfg = TasksConfig(builtin=False, harbor_dir=str(src), harbor_semantics="isolated", val_fraction=0.0,
+                          determinism_check=False, workers=2, cheat_audit=mode)
+        summary = asyncio.run(prepare_tasks(cfg, FAST, str(tmp_path / mode), NullDisplay()))
+        manifest = json.loads((tmp_path / mode / "manifest.json").read_text())
+        assert manifest["cheats"] == {"audited": 2, "passed_by_a_cheat": 1,
+                                      "tasks": {"harbor-old-sum-scores": ["placeholder"]}}, manifest["cheats"]
+        assert summary["cheat_passes_share"] == 0.5
+        assert summary["train"] == (1 if mode == "drop" else 2)
+    assert manifest["reasons"] == {}  # (flagged, not dropped)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,3 +364,105 @@ def test_a_missing_base_is_asked_for_once_however_many_tasks_use_it(tmp_path, mo
     report = import_harbor(tmp_path)
     assert report.counts() == {"base-image": 5}
     assert calls == [("exists", "org/base:1"), ("pull",)], calls
+
+
+HOSTILE = FIXTURES / "harbor_hostile"  # (deep, huge and oddly named folders are made below)
+HOSTILE_SKIPS = {
+    "inf-memory": ("task.toml", "task.toml: environment.memory must be a size"),
+    "huge-storage": ("task.toml", "task.toml: environment.storage must be a size"),
+    "nan-cpus": ("task.toml", "task.toml: environment.cpus must be a positive number"),
+    "symlink-loop": ("files", "tests/loop is a symlink to a directory or to nothing"),
+    "dir-link": ("files", "tests/up is a symlink to a directory or to nothing"),
+    "deep": ("files", "directories nested more than 32 deep"),
+    "wide": ("files", "more than 5000 files and directories"),
+    "huge": ("files", "files too large (1048576.0 MB > 5 MB total)"),
+    "escape-name": ("files", r"'tests/\x1b[2Jreward 1': a file name with a control character"),
+    "newline-name": ("files", r"'tests/a\nb': a file name with a control character"),
+}
+
+
+def test_hostile_folders_are_one_line_skips_counted_by_kind_and_the_rest_import(tmp_path):
+    """`memory = inf` and `storage_mb = 1e400` raised OverflowError and a folder 1,100 deep
+    RecursionError, losing every other task of the import with them."""
+    shutil.copytree(HOSTILE, tmp_path, symlinks=True, dirs_exist_ok=True)
+    deep = make_task(tmp_path, "deep") / "environment"
+    deep.mkdir()
+    _nest(deep, 1100)
+    try:
+        _check_hostile(tmp_path)
+    finally:
+        _nest(deep, 0)  # (pytest's own clean-up of old tmp dirs recurses too)
+
+
+def _nest(path: Path, levels: int) -> None:
+    """Make `levels` directories `d/d/...` under `path` (past PATH_MAX: one at a time from
+    inside), or remove them all (levels=0)."""
+    here = os.getcwd()
+    os.chdir(path)
+    try:
+        if levels:
+            for _ in range(levels):
+                os.mkdir("d")
+                os.chdir("d")
+        else:
+            depth = 0
+            while os.path.isdir("d"):
+                os.chdir("d")
+                depth += 1
+            for _ in range(depth):
+                os.chdir("..")
+                os.rmdir("d")
+    finally:
+        os.chdir(here)
+
+
+def _check_hostile(tmp_path: Path) -> None:
+    wide = make_task(tmp_path, "wide", environment__data="x") / "environment"
+    for i in range(5_000):
+        os.close(os.open(wide / str(i), os.O_CREAT | os.O_WRONLY))
+    with open(make_task(tmp_path, "huge", environment__data="x") / "environment" / "sparse", "wb") as f:
+        f.truncate(1 << 40)  # a sparse terabyte: stat only, never read
+    (make_task(tmp_path, "escape-name") / "tests" / "\x1b[2Jreward 1").write_text("x")
+    (make_task(tmp_path, "newline-name") / "tests" / "a\nb").write_text("x")
+    report = import_harbor(tmp_path)
+    assert [t.task_id for t in report.tasks] == ["harbor-good"]
+    reasons = dict(report.skipped)
+    assert sorted(reasons) == sorted(HOSTILE_SKIPS)
+    for name, (kind, reason) in HOSTILE_SKIPS.items():
+        assert reasons[name].startswith(reason) and report.kinds[name] == kind, (name, reasons[name])
+        assert reasons[name].isprintable(), name
+    assert report.counts() == {"files": 7, "task.toml": 3}
+
+
+def test_an_unforeseen_error_in_one_folder_is_a_counted_skip(tmp_path, monkeypatch):
+    from obsspec.env import harbor
+
+    make_task(tmp_path, "a")
+    make_task(tmp_path, "b")
+
+    def broken(folder, env):
+        if folder.name == "a":
+            raise OverflowError("cannot convert float infinity\nto integer")
+        return []
+
+    monkeypatch.setattr(harbor, "_solution", broken)
+    report = import_harbor(tmp_path)
+    assert [t.task_id for t in report.tasks] == ["harbor-b"]
+    assert report.skipped == [("a", r"cannot import: OverflowError: cannot convert float infinity\nto integer")]
+    assert report.counts() == {"unreadable": 1}
+
+
+@needs_bwrap
+def test_the_audit_names_a_verifier_that_runs_the_agents_venv(tmp_path):
+    """A test.sh that activates the workdir's .venv runs whatever python3 the agent put there:
+    the `venv-shims` cheat passes it; the same check run by the system's python3 passes none."""
+    from obsspec.env.audit import audit
+
+    check = "tests__check.py"
+    src = "import sys\nsys.exit(0 if open('/app/answer.txt').read() == '42\\n' else 1)\n"
+    make_task(tmp_path, "venv", **{check: src,
+              "tests__test.sh": "cd /app && . .venv/bin/activate 2>/dev/null; python3 /tests/check.py\n"})
+    make_task(tmp_path, "plain", **{check: src, "tests__test.sh": "python3 /tests/check.py\n"})
+    tasks = {t.task_id: t for t in import_harbor(tmp_path, semantics="isolated").tasks}
+    assert asyncio.run(audit(tasks["harbor-venv"], FAST)) == ["venv-shims"]
+    assert asyncio.run(audit(tasks["harbor-plain"], FAST)) == []

@@ -197,6 +197,23 @@ def test_a_fork_bomb_or_a_memory_hog_left_running_is_never_an_infra_error():
         assert reward(hello, [attack]) == 0.0
 
 
+def test_a_declared_storage_beyond_memory_and_inodes_filling_it_are_scored(tmp_path):
+    """Reproduced: a task declaring `memory = "1G"`, `storage = "4G"`; the agent's storage filled
+    and hundreds of thousands of empty files (their inodes are charged to the container's memory):
+    'sandbox died (did not recover from a timeout)', an infra error. The storage fits in memory
+    less the harness's room, and the OOM killer takes the agent's processes first."""
+    folder = tmp_path / "hello-file"
+    shutil.copytree(EXAMPLES / "hello-file", folder)
+    toml = folder / "task.toml"
+    toml.write_text(toml.read_text().replace("memory_mb = 1024", 'memory = "1G"\nstorage = "4G"'))
+    hello = import_harbor(folder).tasks[0]
+    fill = "head -c 1100M /dev/zero > /app/f 2>/dev/null; echo $?"
+    files = ("python3 -c 'import os\nos.mkdir(\"/app/{0}\")\nfor i in range(150000): "
+             "os.close(os.open(f\"/app/{0}/{{i}}\", os.O_CREAT | os.O_WRONLY))'; echo made")
+    cfg = dataclasses.replace(CFG, timeout_s=20)
+    assert reward(hello, [fill, files.format("a"), files.format("b")], cfg) == 0.0
+
+
 def test_many_entries_and_deep_trees_are_scored_within_the_janitors_budget():
     """31, 35, 36, 53: 40,000 links and a tree 1,000 deep in the agent's storage: swept (an
     honest answer stays 1) or over budget (0), never an infra error."""

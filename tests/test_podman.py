@@ -280,3 +280,69 @@ def test_speculation_is_lossless_on_container_tasks():
         assert kinds["spec_start"] > 0 and kinds["match"] > 0, f"speculation never ran ({predictor.name}): {kinds}"
         if predictor.name.endswith("corrupt2"):
             assert kinds["rollback"] > 0, f"no rollback with spoiled drafts: {kinds}"
+
+
+# (queues made with the default attributes: about 80 KB each against RLIMIT_MSGQUEUE's 800 KB)
+QUEUES = ("python3 -c 'import ctypes,os\nl=ctypes.CDLL(\"librt.so.1\")\nn=0\n"
+          "while n < {most} and l.mq_open(f\"/q{{n}}\".encode(), os.O_CREAT | os.O_RDWR, 0o600, None) >= 0: n += 1\n"
+          "print(n)\nfor i in range({unlink} and n): l.mq_unlink(f\"/q{{i}}\".encode())'")
+IO_URING = ("python3 -c 'import ctypes,os; l=ctypes.CDLL(None,use_errno=True)\n"
+            "print(l.syscall(425, 8, ctypes.create_string_buffer(256)), os.strerror(ctypes.get_errno()))'")
+
+
+def test_no_user_namespaces_io_uring_or_queues_shared_between_siblings(sandbox_backend):
+    """Reproduced in containers: `unshare -Ur` (and a tmpfs mounted in it) worked, io_uring
+    answered, and POSIX message queues, which outlive the agent's processes and are counted per
+    host uid (every container is uid 1000), passed a number: with 6 queues held by one episode, a
+    sibling running beside it could open 3 instead of 9 (and the host's uid 1000 none). The
+    profile is now the runtime's default with the sandbox's rules; mq_open and io_uring are
+    denied on both backends (bwrap never had user namespaces)."""
+    cfg = SandboxConfig(backend=sandbox_backend, timeout_s=10, memory_mb=512, max_procs=64)
+
+    async def siblings():
+        async with Sandbox(cfg) as a, Sandbox(cfg) as b:
+            await asyncio.gather(a.start(), b.start())
+            alone = (await b.run(QUEUES.format(most=50, unlink=1))).output
+            held = (await a.run(QUEUES.format(most=6, unlink=0))).output  # (kept after the command)
+            beside = (await b.run(QUEUES.format(most=50, unlink=1))).output
+            ns = [(await a.run(c)).output.decode() for c in
+                  ("unshare -Ur id -u 2>&1; echo $?", "unshare -Urm mount -t tmpfs x /tmp 2>&1; echo $?", IO_URING)]
+            return alone, held, beside, ns
+
+    alone, held, beside, ns = asyncio.run(siblings())
+    assert alone == beside, f"a sibling's queues changed how many another could open: {alone!r} -> {beside!r}"
+    assert held == b"0\n", f"an episode made POSIX message queues: {held!r}"
+    assert all(out.endswith("\n1\n") for out in ns[:2]), f"a user namespace was made: {ns[:2]}"
+    assert ns[2] == "-1 Operation not permitted\n", f"io_uring was reachable: {ns[2]!r}"
+
+
+def test_the_tmpfs_mounts_leave_the_harness_memory_in_every_container():
+    """The tmpfs data is charged to the container's memory and nothing frees it before
+    verification: with tiny-cpu's sizes (1,760 MB) in 2 GB, or a Harbor task's `storage = "4G"`
+    in `memory = "1G"`, filling them left the janitor nothing."""
+    sizes = lambda argv: sum(int(a.split("size=")[1].split("m")[0]) for a in argv if "size=" in a)  # noqa: E731
+    for memory, storage in ((2048, 0), (1024, 4096), (256, 0), (128, 100_000)):
+        env = podman.Environment(memory_mb=memory, storage_mb=storage)
+        cfg = SandboxConfig(backend="podman", memory_mb=memory)
+        room = memory - min(podman.HARNESS_MEMORY_MB, memory // 4)
+        assert sizes(podman.argv(cfg, "/app", "img", env, "n", {}, None, "")) <= room, (memory, storage)
+        harbor = podman.harbor_argv(cfg, "/app", "img", env, "n", {}, "", None)
+        # (the agent can write only the overlay's upper tmpfs; the rest is the harness's and the verifier's)
+        assert sizes(harbor) - cfg.tmp_mb - 1 - 16 <= room, (memory, storage)
+
+
+def test_memory_the_agents_files_hold_at_verification_scores_zero_never_infra():
+    """Reproduced: every tmpfs filled and 650,000 empty files (their inodes are charged to the
+    container's memory, and podman 4.3.1 takes no nr_inodes): the janitor was OOM-killed, 'could
+    not clean up before verification', an infra error at will. Now the tmpfs sizes fit with room
+    to spare, the OOM killer takes the agent's processes and the janitor before PID 1, and a
+    janitor it took scores 0."""
+    from obsspec.env.suite import task_by_id
+
+    task = task_by_id("dir-stats-00001")
+    cfg = SandboxConfig(backend="podman", timeout_s=30, memory_mb=256, max_procs=64)
+    fill = "for d in /app /tmp ~ /dev/shm; do head -c 300M /dev/zero > $d/fill; done 2>/dev/null; echo filled"
+    files = ("python3 -c 'import os\nos.mkdir(\"/app/{0}\")\nfor i in range(120000): "
+             "os.close(os.open(f\"/app/{0}/{{i}}\", os.O_CREAT | os.O_WRONLY))'; echo made")
+    record = asyncio.run(run_scripted(task, [fill, files.format("a"), files.format("b")], cfg))
+    assert record.infra_error == "" and record.reward == 0.0, record.infra_error

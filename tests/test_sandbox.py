@@ -321,8 +321,9 @@ def test_the_seccomp_rule_keeps_limits_and_scheduling_calls_on_the_caller_in_eve
     for arch, nr in ((0xC000003E, 0), (0xC000003E, 62), (0x40000003, 302), (0xC00000B7, 302)):
         assert _run_bpf(x86, nr, arch, (1, 1)) == allow, f"syscall {nr} of arch {arch:#x} denied"
     # signal-driven I/O owners and System V IPC
-    for arch, fcntl_nrs, ioctl_nr, ipc_nrs in ((0xC000003E, (72,), 16, (29, 64, 68, 248, 249, 250)),
-                                               (0x40000003, (55, 221), 54, (395, 393, 399, 117, 286, 287, 288))):
+    # (and mq_open, io_uring_setup/enter/register)
+    for arch, fcntl_nrs, ioctl_nr, ipc_nrs in ((0xC000003E, (72,), 16, (29, 64, 68, 248, 249, 250, 240, 425, 426, 427)),
+                                               (0x40000003, (55, 221), 54, (395, 393, 399, 117, 286, 287, 288, 277, 425))):
         for nr in fcntl_nrs:
             for cmd in (8, 15, 10, 1031):
                 assert _run_bpf(x86, nr, arch, (1, cmd, 1)) == eperm, f"fcntl({cmd}) allowed ({arch:#x})"
@@ -337,7 +338,38 @@ def test_the_seccomp_rule_keeps_limits_and_scheduling_calls_on_the_caller_in_eve
     assert _run_bpf(arm, 194, 0xC00000B7, (0,)) == eperm and _run_bpf(arm, 25, 0xC00000B7, (1, 8, 1)) == eperm
     assert _run_bpf(arm, 261, 0xC00000B7, (1,)) == eperm and _run_bpf(arm, 261, 0xC00000B7, (0,)) == allow
     assert _run_bpf(arm, 119, 0xC00000B7, (1,)) == eperm
+    assert _run_bpf(arm, 180, 0xC00000B7, (0,)) == eperm and _run_bpf(arm, 425, 0xC00000B7, (8,)) == eperm
     assert sandbox_filter("riscv64") == b"", "an unknown machine gets no filter (and no broken one)"
+
+
+def test_the_container_profile_is_the_runtimes_default_with_every_rule_before_its_allow():
+    """libseccomp lets an unconditional allow of a call override every conditional deny of it
+    (checked: with containers-common's profile plus the rules appended, `F_SETOWN` and
+    `prlimit --pid 1` worked), and the first of two overlapping rules wins: so a governed call
+    must leave the default's allow-lists, and each deny must come before its allow."""
+    from obsspec.env import seccomp
+
+    default = {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 38, "syscalls": [
+        {"names": ["read", "fcntl", "unshare", "clone", "clone3", "mq_open", "io_uring_setup"], "action": "SCMP_ACT_ALLOW"},
+        {"names": ["bpf"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_SYS_ADMIN"]}}]}
+    for base in (default, None):
+        profile = seccomp.oci_profile(base)
+        seen: dict[str, str] = {}
+        for rule in profile["syscalls"]:
+            for name in rule["names"]:
+                governed = name in seccomp.RULES or name in seccomp.NO_USERNS or name in seccomp.ENOSYS
+                if governed and rule["action"] == "SCMP_ACT_ALLOW":
+                    assert rule.get("args"), f"{name} allowed unconditionally: its denies are void"
+                    assert seen.get(name) == "SCMP_ACT_ERRNO", f"{name}'s allow comes before its deny"
+                seen[name] = rule["action"]
+        for name in ("mq_open", "io_uring_setup", "clone3", "keyctl"):
+            assert seen[name] == "SCMP_ACT_ERRNO", name
+        userns = [r for r in profile["syscalls"] if r["names"] == ["unshare"] and r["action"] == "SCMP_ACT_ERRNO"]
+        assert userns[0]["args"][0]["value"] == seccomp.CLONE_NEWUSER
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"  # (no runtime default: the sandbox's profile)
+    merged = seccomp.oci_profile(default)
+    assert merged["defaultAction"] == "SCMP_ACT_ERRNO" and merged["syscalls"][-2]["names"] == ["read"]
+    assert merged["syscalls"][-1]["includes"] == {"caps": ["CAP_SYS_ADMIN"]}, "the default's own rules changed"
 
 
 def test_the_janitors_budget_is_a_count_the_machines_load_cannot_move():

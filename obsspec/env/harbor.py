@@ -59,11 +59,11 @@ Decisions:
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
 import re
 import shlex
-import stat
 import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -72,8 +72,10 @@ from pathlib import Path
 from obsspec.env import dockerfile, images
 from obsspec.env.semantics import HARBOR, ISOLATED, check as check_semantics
 from obsspec.env.task import Task, check_workdir
+from obsspec.env.taskfolder import (Skip, check_tree, executable_files, file_names, one_line, read_text,
+                                    read_tree)
 
-MAX_TASK_BYTES = 5 * 1024 * 1024
+MAX_SIZE_MB = 1 << 20   # a task's memory or storage: at most 1 TiB (inf overflowed int())
 MAX_VERIFY_TIMEOUT_S = 86_400.0  # a task's own limit, kept finite (JSON has no infinity)
 DEFAULT_WORKDIR = "/app"  # what Harbor images usually use
 DOCKER_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml")
@@ -115,13 +117,6 @@ class ImportReport:
         return dict(Counter(self.kinds[name] for name, _ in self.skipped).most_common())
 
 
-class _Skip(Exception):
-    """This task folder cannot be imported; the message says why, in one line, and `kind` names
-    the class of reason (the import report counts tasks per kind)."""
-
-    def __init__(self, message: str, kind: str = "files"):
-        super().__init__(message)
-        self.kind = kind
 
 
 def import_harbor(path: str | os.PathLike, semantics: str = HARBOR) -> ImportReport:
@@ -145,10 +140,15 @@ def import_harbor(path: str | os.PathLike, semantics: str = HARBOR) -> ImportRep
         try:
             task = _import_task(folder, "" if semantics == ISOLATED else semantics)
             if task.task_id in owner:  # two names can sanitise to the same id
-                raise _Skip(f"task id {task.task_id!r} is already taken by {owner[task.task_id]}", "layout")
-        except _Skip as e:
-            report.skipped.append((folder.name, str(e)))
+                raise Skip(f"task id {task.task_id!r} is already taken by {owner[task.task_id]}", "layout")
+        except Skip as e:
+            report.skipped.append((folder.name, one_line(str(e))))
             report.kinds[folder.name] = e.kind
+            continue
+        except Exception as e:  # noqa: BLE001
+            # Whatever else a hostile folder breaks costs that folder, never the whole import.
+            report.skipped.append((folder.name, one_line(f"cannot import: {type(e).__name__}: {e}")))
+            report.kinds[folder.name] = "unreadable"
             continue
         owner[task.task_id] = folder.name
         report.tasks.append(task)
@@ -160,32 +160,32 @@ def _import_task(folder: Path, semantics: str) -> Task:
     for rel, what in [("task.toml", "its configuration"), ("instruction.md", "the prompt"),
                       ("tests/test.sh", "the verifier entry point")]:
         if not (folder / rel).is_file():
-            raise _Skip(f"missing {rel} ({what})", "layout")
-    _check_tree(folder)  # before reading anything: a symlink could point at host secrets
+            raise Skip(f"missing {rel} ({what})", "layout")
+    check_tree(folder)  # before reading anything: a symlink could point at host secrets
     try:
-        config = tomllib.loads(_text(folder, "task.toml"))
+        config = tomllib.loads(read_text(folder, "task.toml"))
     except tomllib.TOMLDecodeError as e:  # its message says which line and column
-        raise _Skip(f"invalid task.toml: {e}", "task.toml") from None
-    instruction = _text(folder, "instruction.md").strip()
+        raise Skip(f"invalid task.toml: {e}", "task.toml") from None
+    instruction = read_text(folder, "instruction.md").strip()
     if not instruction:
-        raise _Skip("instruction.md is empty", "layout")
+        raise Skip("instruction.md is empty", "layout")
     slug = _slug(folder.name)
     if not slug:
-        raise _Skip("folder name has no letters or digits to make a task id from", "layout")
+        raise Skip("folder name has no letters or digits to make a task id from", "layout")
     category = _table(config, "metadata").get("category") or "uncategorised"
     if not isinstance(category, str):
-        raise _Skip("task.toml: metadata.category must be a string", "task.toml")
+        raise Skip("task.toml: metadata.category must be a string", "task.toml")
     timeout = _table(config, "verifier").get("timeout_sec")
     if timeout is not None and not (type(timeout) in (int, float) and timeout > 0):
-        raise _Skip(f"task.toml: verifier.timeout_sec must be a positive number, not {timeout!r}", "task.toml")
+        raise Skip(f"task.toml: verifier.timeout_sec must be a positive number, not {timeout!r}", "task.toml")
     if timeout is not None:  # (`inf` or 1e308: the recipe's sandbox.max_verify_s bounds it at run time)
         timeout = min(float(timeout), MAX_VERIFY_TIMEOUT_S)
     files, setup, workdir, image = _environment(folder, _table(config, "environment"))
     return Task(
         task_id=f"harbor-{slug}", family=f"harbor:{_slug(category) or 'uncategorised'}",
         instruction=instruction, solution=_solution(folder, _env(config, "solution")),
-        verify=_verify_script(workdir, _env(config, "verifier"), _executable(folder, "tests")),
-        verify_files=_tree(folder, "tests"), files=files, setup=setup, workdir=workdir,
+        verify=_verify_script(workdir, _env(config, "verifier"), executable_files(folder, "tests")),
+        verify_files=read_tree(folder, "tests"), files=files, setup=setup, workdir=workdir,
         source=f"harbor:{folder}", verify_timeout_s=0.0 if timeout is None else timeout,
         semantics=semantics, **image,
     )
@@ -202,22 +202,22 @@ def _environment(folder: Path, config: dict) -> tuple[dict[str, str], str, str, 
     if not (env / "setup.sh").is_file():
         compose = [name for name in docker if name != "Dockerfile"]
         if compose:
-            raise _Skip(f"needs docker-compose (environment/{compose[0]}: several services are "
+            raise Skip(f"needs docker-compose (environment/{compose[0]}: several services are "
                         f"not supported)", "compose")
         image = config.get("docker_image") or ""
         if not isinstance(image, str):
-            raise _Skip("task.toml: environment.docker_image must be a string", "task.toml")
+            raise Skip("task.toml: environment.docker_image must be a string", "task.toml")
         if docker or image:
             return _image_task(folder, config, image)
     if not env.is_dir():
         return {}, "", DEFAULT_WORKDIR, {}
-    setup = _text(folder, "environment/setup.sh") if (env / "setup.sh").is_file() else ""
+    setup = read_text(folder, "environment/setup.sh") if (env / "setup.sh").is_file() else ""
     workdir = DEFAULT_WORKDIR
     if "Dockerfile" in docker:
-        workdir = _dockerfile_workdir(_text(folder, "environment/Dockerfile"))
-    files = _tree(folder, "environment", exclude=NOT_COPIED)
+        workdir = _dockerfile_workdir(read_text(folder, "environment/Dockerfile"))
+    files = read_tree(folder, "environment", exclude=NOT_COPIED)
     # setup runs in the workspace, where these files are, before anything of setup.sh
-    executable = [rel for rel in _executable(folder, "environment") if rel in files]
+    executable = [rel for rel in executable_files(folder, "environment") if rel in files]
     return files, _chmod(executable) + setup, workdir, {}
 
 
@@ -225,18 +225,18 @@ def _image_task(folder: Path, config: dict, image: str) -> tuple[dict[str, str],
     """A task that runs in a container of its own image: environment/ is the build context."""
     resources = _resources(config)
     if (folder / "environment/Dockerfile").is_file():
-        dockerfile = _text(folder, "environment/Dockerfile")
+        dockerfile = read_text(folder, "environment/Dockerfile")
         kind, problem = images.offline_problem(dockerfile)
         if problem:
-            raise _Skip(f"environment/Dockerfile: {problem}", kind)
-        context = _tree(folder, "environment")
-        executable = _executable(folder, "environment")
+            raise Skip(f"environment/Dockerfile: {problem}", kind)
+        context = read_tree(folder, "environment")
+        executable = executable_files(folder, "environment")
         if executable:  # (COPY keeps modes: tasks hold text, so the modes travel by name)
             context[images.EXECUTABLES] = "".join(f"{rel}\n" for rel in executable)
         return {}, "", _dockerfile_workdir(dockerfile), {"image_files": context, "resources": resources}
     kind, problem = images.offline_problem(f"FROM {image}\n")
     if problem:
-        raise _Skip(f"task.toml: environment.docker_image: {problem}", kind)
+        raise Skip(f"task.toml: environment.docker_image: {problem}", kind)
     return {}, "", DEFAULT_WORKDIR, {"image": image, "resources": resources}
 
 
@@ -246,7 +246,7 @@ def _resources(config: dict) -> dict:
     cpus = config.get("cpus")
     if cpus is not None:
         if not (type(cpus) in (int, float) and 0 < cpus <= 1024):
-            raise _Skip(f"task.toml: environment.cpus must be a positive number, not {cpus!r}", "task.toml")
+            raise Skip(f"task.toml: environment.cpus must be a positive number, not {cpus!r}", "task.toml")
         out["cpus"] = cpus
     for key in ("memory", "storage"):
         value = config.get(f"{key}_mb", config.get(key))
@@ -254,22 +254,25 @@ def _resources(config: dict) -> dict:
             out[f"{key}_mb"] = _megabytes(value, key)
     internet = config.get("allow_internet", False)
     if not isinstance(internet, bool):
-        raise _Skip(f"task.toml: environment.allow_internet must be true or false, not {internet!r}", "task.toml")
+        raise Skip(f"task.toml: environment.allow_internet must be true or false, not {internet!r}", "task.toml")
     if internet:
         out["internet"] = True
     return out
 
 
 def _megabytes(value, key: str) -> int:
-    """MiB from a number (MiB) or a size such as '2G', '512M', '1.5g'."""
-    if type(value) in (int, float) and value > 0:
-        return max(1, int(value))
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*", str(value), re.I)
-    if not m or float(m.group(1)) <= 0:
-        raise _Skip(f"task.toml: environment.{key} must be a size such as '2G' or a number of MiB, "
-                    f"not {value!r}", "task.toml")
-    scale = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2).lower()]
-    return max(1, int(float(m.group(1)) * scale))
+    """MiB from a number (MiB) or a size such as '2G', '512M', '1.5g'; finite, at most MAX_SIZE_MB."""
+    mib = None
+    if type(value) in (int, float):
+        mib = float(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*", str(value), re.I)
+        if m:
+            mib = float(m.group(1)) * {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2).lower()]
+    if mib is None or not (math.isfinite(mib) and 0 < mib <= MAX_SIZE_MB):  # (inf, nan, 1e400)
+        raise Skip(f"task.toml: environment.{key} must be a size such as '2G' or a number of MiB "
+                    f"(at most 1T), not {value!r}", "task.toml")
+    return max(1, int(mib))
 
 
 def _dockerfile_workdir(text: str) -> str:
@@ -277,31 +280,31 @@ def _dockerfile_workdir(text: str) -> str:
     try:
         parsed = dockerfile.instructions(text)  # (heredoc bodies are not instructions)
     except dockerfile.Untranslatable as e:
-        raise _Skip(f"environment/Dockerfile: {e}", "dockerfile") from None
+        raise Skip(f"environment/Dockerfile: {e}", "dockerfile") from None
     for ins in parsed:
         arg = ins.args.strip().strip("\"'")
         if ins.keyword == "FROM":
             workdir = DEFAULT_WORKDIR  # every build stage starts from its base image's
         elif ins.keyword == "WORKDIR" and arg:
             if "$" in arg:
-                raise _Skip(f"environment/Dockerfile: WORKDIR {arg} uses a variable we cannot "
+                raise Skip(f"environment/Dockerfile: WORKDIR {arg} uses a variable we cannot "
                             f"resolve without Docker", "dockerfile")
             workdir = posixpath.normpath(posixpath.join(workdir, arg))  # relative: to the last
     try:
         check_workdir(workdir)
     except ValueError:
-        raise _Skip(f"environment/Dockerfile: WORKDIR {workdir} cannot be the sandbox workspace", "dockerfile") from None
+        raise Skip(f"environment/Dockerfile: WORKDIR {workdir} cannot be the sandbox workspace", "dockerfile") from None
     return workdir
 
 
 def _solution(folder: Path, env: dict[str, str]) -> list[str]:
     if not (folder / "solution/solve.sh").is_file():
         return []  # still importable; prepare-tasks reports that it cannot be validated
-    script = _text(folder, "solution/solve.sh")
-    others = [rel for rel in _names(folder / "solution") if rel != "solve.sh"]
+    script = read_text(folder, "solution/solve.sh")
+    others = [rel for rel in file_names(folder / "solution") if rel != "solve.sh"]
     used = [rel for rel in others if posixpath.basename(rel) in script]
     if used or (others and "/solution" in script):
-        raise _Skip(f"solution/solve.sh needs other files of solution/ "
+        raise Skip(f"solution/solve.sh needs other files of solution/ "
                     f"({', '.join(used or others)}); only a self-contained solve.sh is supported", "solution-files")
     if not script.strip():
         return []
@@ -321,12 +324,12 @@ def _chmod(paths: list[str]) -> str:
 def _env(config: dict, section: str) -> dict[str, str]:
     env = _table(config, section).get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise _Skip(f"task.toml: {section}.env must be a table of strings", "task.toml")
+        raise Skip(f"task.toml: {section}.env must be a table of strings", "task.toml")
     for key, value in env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise _Skip(f"task.toml: {section}.env has an invalid variable name {key!r}", "task.toml")
+            raise Skip(f"task.toml: {section}.env has an invalid variable name {key!r}", "task.toml")
         if "${" in value:  # Harbor fills these from the host (API keys): nothing to fill them with
-            raise _Skip(f"task.toml: {section}.env.{key} needs a host variable ({value})", "host-variables")
+            raise Skip(f"task.toml: {section}.env.{key} needs a host variable ({value})", "host-variables")
     return env
 
 
@@ -337,78 +340,9 @@ def _exports(env: dict[str, str]) -> str:
 def _table(config: dict, key: str) -> dict:
     value = config.get(key, {})
     if not isinstance(value, dict):
-        raise _Skip(f"task.toml: [{key}] must be a table", "task.toml")
+        raise Skip(f"task.toml: [{key}] must be a table", "task.toml")
     return value
 
 
 def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading files safely
-
-
-def _check_tree(folder: Path) -> None:
-    """Skip folders with symlinks leaving the folder, or more than MAX_TASK_BYTES of files."""
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(folder, onerror=_unreadable):
-        for name in dirnames + filenames:
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, folder)
-            try:
-                rel.encode("utf-8")
-            except UnicodeEncodeError:
-                raise _Skip(f"{rel!r}: a file name that is not UTF-8") from None
-            if os.path.islink(path):
-                target = os.path.realpath(path)
-                if os.path.commonpath([target, folder]) != str(folder):
-                    raise _Skip(f"{rel} is a symlink pointing outside the task folder "
-                                f"(to {os.readlink(path)})")
-                if not os.path.isfile(target):  # a directory link could loop; a broken one is a bug
-                    raise _Skip(f"{rel} is a symlink to a directory or to nothing (not supported)")
-                path = target  # read once per link: its size counts each time
-            if name in filenames:
-                st = os.stat(path, follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode):  # a FIFO hung the import, /dev/zero's twin ate memory
-                    raise _Skip(f"{rel} is not a regular file (a FIFO, socket or device)")
-                total += st.st_size
-    if total > MAX_TASK_BYTES:
-        raise _Skip(f"files too large ({total / 2**20:.1f} MB > "
-                    f"{MAX_TASK_BYTES // 2**20} MB total)")
-
-
-def _unreadable(error: OSError) -> None:
-    raise _Skip(f"cannot read {error.filename}: {error.strerror}")
-
-
-def _names(base: Path) -> list[str]:
-    """Relative paths of every file under `base`, sorted."""
-    found = []
-    for dirpath, _, filenames in os.walk(base, onerror=_unreadable):
-        found += [os.path.relpath(os.path.join(dirpath, n), base) for n in filenames]
-    return sorted(found)
-
-
-def _executable(folder: Path, sub: str) -> list[str]:
-    """Paths (relative to sub) of the files under folder/sub that someone may execute."""
-    return [rel for rel in _names(folder / sub) if os.stat(folder / sub / rel).st_mode & 0o111]
-
-
-def _tree(folder: Path, sub: str, exclude: set[str] | tuple = ()) -> dict[str, str]:
-    """Every file under folder/sub as text, keyed by its path relative to sub."""
-    return {rel: _text(folder, f"{sub}/{rel}")
-            for rel in _names(folder / sub) if rel not in exclude}
-
-
-def _text(folder: Path, rel: str) -> str:
-    try:
-        data = (folder / rel).read_bytes()
-    except OSError as e:
-        raise _Skip(f"cannot read {rel}: {e.strerror}") from None
-    if b"\0" in data:
-        raise _Skip(f"{rel} is a binary file (tasks hold text files only)")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _Skip(f"{rel} is not UTF-8 text (byte {e.start})") from None

@@ -43,6 +43,7 @@ LIBS = "/run/obsspec-libs"            # where the host's libfaketime and libstdb
 # runc could not set a process limit of 96,362 (this machine's hard limit; "operation not
 # permitted") but could set 32,768; the container's pids cgroup is the real limit anyway.
 NPROC_CAP = 32768
+HARNESS_MEMORY_MB = 256  # memory the agent's tmpfs mounts leave to the harness and the verifier
 INSTALL_HINT = "run `sudo apt-get install podman runc mmdebstrap` (or `make install-podman`)"
 
 
@@ -206,8 +207,9 @@ def sweep_once() -> None:
 
 
 def seccomp_profile() -> str:
-    """Path of the seccomp profile (obsspec/env/seccomp.py's rules, the bubblewrap sandbox's)."""
-    text = json.dumps(seccomp.oci_profile(), indent=1, sort_keys=True)
+    """Path of the seccomp profile: the runtime's default with obsspec/env/seccomp.py's rules
+    (the bubblewrap sandbox's), no user namespaces (seccomp.oci_profile)."""
+    text = json.dumps(seccomp.oci_profile(seccomp.runtime_default()), indent=1, sort_keys=True)
     path = os.path.join(cache_dir(), f"seccomp-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
     if not os.path.exists(path):
         _write(path, text)
@@ -218,11 +220,13 @@ def argv(config, workdir: str, image: str, environment: Environment, name: str,
          supervisor_env: dict[str, str], cpu: int | None, script: str) -> list[str]:
     """`podman run` for one episode; the supervisor's environment goes in as --env flags."""
     memory_mb = environment.memory_mb or config.memory_mb
-    workspace_mb = environment.storage_mb or config.workspace_mb
+    sizes = fit_tmpfs({workdir: environment.storage_mb or config.workspace_mb, "/tmp": config.tmp_mb,
+                       "/home/agent": config.home_mb, "/tests": config.home_mb, "/logs": HARNESS_TMPFS_MB,
+                       STATE_DIR: HARNESS_TMPFS_MB, "/dev/shm": SHM_MB}, memory_mb)
 
-    def tmpfs(path: str, mb: int, mode: str = "0755") -> list[str]:
+    def tmpfs(path: str, mode: str = "0755") -> list[str]:
         # exec: scripts in the workspace and /tmp run, as in the bubblewrap sandbox
-        return ["--tmpfs", f"{path}:rw,exec,nosuid,nodev,size={mb}m,mode={mode},U"]
+        return ["--tmpfs", f"{path}:rw,exec,nosuid,nodev,size={sizes[path]}m,mode={mode},U"]
 
     out = [check_podman(), "run", "-i", "--rm", "--name", name, "--label", f"{LABEL}=1",
            "--label", f"{OWNER_LABEL}={owner()}",
@@ -234,10 +238,8 @@ def argv(config, workdir: str, image: str, environment: Environment, name: str,
            "--pids-limit", str(config.max_procs),
            "--cpus", f"{environment.cpus or 1:g}",
            "--network", "slirp4netns" if environment.internet else "none",
-           *tmpfs(workdir, workspace_mb), *tmpfs("/tmp", config.tmp_mb, "1777"),
-           *tmpfs("/home/agent", config.home_mb), *tmpfs("/tests", config.home_mb),
-           *tmpfs("/logs", HARNESS_TMPFS_MB), *tmpfs(STATE_DIR, HARNESS_TMPFS_MB, "0700"),
-           *tmpfs("/dev/shm", SHM_MB, "1777")]
+           *tmpfs(workdir), *tmpfs("/tmp", "1777"), *tmpfs("/home/agent"), *tmpfs("/tests"),
+           *tmpfs("/logs"), *tmpfs(STATE_DIR, "0700"), *tmpfs("/dev/shm", "1777")]
     if cpu is not None:
         out += ["--cpuset-cpus", str(cpu)]
     out += ["--security-opt", f"seccomp={seccomp_profile()}"]
@@ -252,6 +254,16 @@ def argv(config, workdir: str, image: str, environment: Environment, name: str,
     return out + [image, "--noprofile", "--norc", "-c", script]
 
 
+def fit_tmpfs(sizes: dict[str, int], memory_mb: int) -> dict[str, int]:
+    """The tmpfs sizes (path -> MiB), scaled down together where their sum would leave the
+    container less than HARNESS_MEMORY_MB (a quarter of it, for small containers): their pages
+    are charged to its memory cgroup, nothing frees them before verification, and a janitor or
+    verifier that finds no memory left would be an infra error at the agent's choice."""
+    room = memory_mb - min(HARNESS_MEMORY_MB, memory_mb // 4) - len(sizes)  # (each rounds up to 1 at least)
+    scale = min(1.0, room / max(1, sum(sizes.values())))
+    return {path: max(1, int(mb * scale)) for path, mb in sizes.items()}
+
+
 # Harbor semantics: the agent's capabilities are Docker's default set and NET_ADMIN (its own
 # network namespace); the harness (PID 1) holds SYS_ADMIN on top to make the agent's and the
 # verifier's namespaces (scripts/world.py keeps the same list for the agent).
@@ -259,7 +271,6 @@ AGENT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SE
               "NET_BIND_SERVICE", "NET_ADMIN", "NET_RAW", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP")
 HARBOR_DIR = "/run/obsspec"  # the harness's mounts: upper (the agent's changes), verify
 HARNESS_PROCS = 64  # processes the harness may start beyond the agent's max_procs
-HARNESS_MEMORY_MB = 256  # memory the agent's storage leaves to the harness and the verifier
 
 
 def harbor_argv(config, workdir: str, image: str, environment: Environment, name: str,
@@ -272,7 +283,7 @@ def harbor_argv(config, workdir: str, image: str, environment: Environment, name
     memory_mb = environment.memory_mb or config.memory_mb
     # The agent's writes are a tmpfs charged to the container's memory: filled, it must leave the
     # harness (PID 1, the relay, the janitor, the verifier) room to work, so it is capped there.
-    storage_mb = min(environment.storage_mb or config.workspace_mb, max(64, memory_mb - HARNESS_MEMORY_MB))
+    storage_mb = fit_tmpfs({"upper": environment.storage_mb or config.workspace_mb}, memory_mb)["upper"]
 
     def tmpfs(path: str, mb: int, mode: str = "0755") -> list[str]:
         return ["--tmpfs", f"{path}:rw,exec,suid,nodev,size={mb}m,mode={mode}"]

@@ -13,7 +13,11 @@ the agent could choose (its failures excluded from the advantage instead of scor
 - the kernel's key store is per host uid, which every sandbox shares: one episode's key (an
   answer) was readable in another running beside it, and its quota filled;
 - a pipe shrunk to one page (`F_SETPIPE_SZ`) lowers the bar for losing an end marker on the
-  output pipe shared with the harness.
+  output pipe shared with the harness;
+- POSIX message queues outlive the agent's processes and are charged per host uid
+  (RLIMIT_MSGQUEUE): containers share one, so a sibling read a number from how many queues it
+  could still open, and the host user could open none;
+- io_uring is a large kernel surface no terminal task needs (Docker's default profile drops it too).
 The limit and scheduling calls on the caller itself (pid 0, what glibc's setrlimit, bash's
 `ulimit`, `nice` and `taskset -c ... CMD` use) stay allowed; denied calls get EPERM.
 
@@ -25,6 +29,7 @@ ones, so that no other calling convention gets around it.
 from __future__ import annotations
 
 import errno
+import json
 import platform
 import struct
 
@@ -59,18 +64,22 @@ RULES = {
     # Keys are kept per host uid, and every sandbox runs as the same one: a concurrent episode
     # read another's key (a GRPO sibling could pass on its answer) and exhausted its quota.
     "add_key": ("never",), "request_key": ("never",), "keyctl": ("never",),
+    "mq_open": ("never",),  # (without a queue the other mq_* calls have nothing to act on)
+    "io_uring_setup": ("never",), "io_uring_enter": ("never",), "io_uring_register": ("never",),
 }
 _NUMBERS = {  # the syscall tables (asm/unistd_64.h, unistd_32.h; asm-generic for aarch64)
     "x86_64": dict(prlimit64=302, sched_setparam=142, sched_setscheduler=144, sched_setattr=314,
                    sched_setaffinity=203, setpriority=141, ioprio_set=251, fcntl=72, ioctl=16,
-                   shmget=29, semget=64, msgget=68, add_key=248, request_key=249, keyctl=250),
+                   shmget=29, semget=64, msgget=68, add_key=248, request_key=249, keyctl=250,
+                   mq_open=240, io_uring_setup=425, io_uring_enter=426, io_uring_register=427),
     "i386": dict(prlimit64=340, sched_setparam=154, sched_setscheduler=156, sched_setattr=351,
                  sched_setaffinity=241, setpriority=97, ioprio_set=289, fcntl=55, fcntl64=221,
                  ioctl=54, shmget=395, semget=393, msgget=399, ipc=117, add_key=286, request_key=287,
-                 keyctl=288),
+                 keyctl=288, mq_open=277, io_uring_setup=425, io_uring_enter=426, io_uring_register=427),
     "aarch64": dict(prlimit64=261, sched_setparam=118, sched_setscheduler=119, sched_setattr=274,
                     sched_setaffinity=122, setpriority=140, ioprio_set=30, fcntl=25, ioctl=29,
-                    shmget=194, semget=190, msgget=186, add_key=217, request_key=218, keyctl=219),
+                    shmget=194, semget=190, msgget=186, add_key=217, request_key=218, keyctl=219,
+                    mq_open=180, io_uring_setup=425, io_uring_enter=426, io_uring_register=427),
 }
 # machine -> [(audit arch, table, with the x32 numbers too)]
 _ARCHES = {
@@ -130,22 +139,71 @@ def sandbox_filter(machine: str | None = None) -> bytes:
     return b"".join(_insn(*i) for i in prog)
 
 
-def oci_profile() -> dict:
-    """The same rules as an OCI seccomp profile (what `podman run --security-opt seccomp=FILE`
-    reads): every call allowed but these, denied with EPERM. Arguments are compared as 64-bit
-    values (the filter above reads their low words): a call on the caller itself with high bits
-    set in its pid is denied too, which only makes a call no program makes fail."""
-    rules = []
+# ---------------------------------------------------------------------------------------------
+# Containers: the runtime's default profile with these rules added
+
+RUNTIME_DEFAULTS = ("/etc/containers/seccomp.json", "/usr/share/containers/seccomp.json")
+CLONE_NEWUSER = 0x10000000
+# A container must not make user namespaces (bwrap's --disable-userns): uid 0 with every
+# capability over new mount and network namespaces is where most local privilege escalations
+# start. containers-common's default allows `unshare` and `clone` outright. clone3 passes its
+# flags in memory a filter cannot read: ENOSYS makes glibc fall back to clone.
+NO_USERNS = {"unshare": 0, "clone": 0}  # syscall -> index of its flags argument
+ENOSYS = {"clone3"}
+
+
+def runtime_default() -> dict | None:
+    """The container runtime's default profile on this host (containers-common), or None."""
+    for path in RUNTIME_DEFAULTS:
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def oci_profile(default: dict | None = None) -> dict:
+    """The OCI seccomp profile of every container (`podman run --security-opt seccomp=FILE`):
+    the runtime's default (`default`, an allow-list), with every call these rules govern taken
+    out of its allow-list and put back under the rules; no user namespaces; clone3 ENOSYS.
+    Without a default, every call is allowed but these (the bubblewrap sandbox's profile).
+
+    Arguments are compared as 64-bit values (the filter above reads their low words): a call
+    on the caller itself with high bits set in its pid is denied too, which only makes a call no
+    program makes fail. libseccomp lets an unconditional allow override any conditional deny of
+    the same call and, for overlapping conditions, the first rule added wins: so nothing here is
+    allowed unconditionally, and each deny comes before its allow."""
+    governed = set(RULES) | set(NO_USERNS) | ENOSYS
+    deny = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
+    ours = []
     for name, rule in RULES.items():
-        deny = {"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
-        if rule[0] == "self":  # denied when any pair fails (libseccomp ORs a call's rules)
-            rules += [{**deny, "args": [{"index": arg, "value": value, "op": "SCMP_CMP_NE"}]}
-                      for arg, value in rule[1]]
+        if rule[0] == "self":  # denied when any pair fails, allowed when all hold
+            ours += [{"names": [name], **deny, "args": [_arg(arg, value, "SCMP_CMP_NE")]} for arg, value in rule[1]]
+            ours.append({"names": [name], "action": "SCMP_ACT_ALLOW",
+                         "args": [_arg(arg, value, "SCMP_CMP_EQ") for arg, value in rule[1]]})
         elif rule[0] == "not":  # the command's low word, as the kernel reads it
-            rules += [{**deny, "args": [{"index": rule[1], "value": 0xFFFFFFFF, "valueTwo": value,
-                                         "op": "SCMP_CMP_MASKED_EQ"}]} for value in rule[2]]
+            ours += [{"names": [name], **deny, "args": [_arg(rule[1], 0xFFFFFFFF, "SCMP_CMP_MASKED_EQ", value)]}
+                     for value in rule[2]]
+            ours.append({"names": [name], "action": "SCMP_ACT_ALLOW",  # (high word zero: a real command)
+                         "args": [_arg(rule[1], 0xFFFFFFFF00000000, "SCMP_CMP_MASKED_EQ", 0)]})
         else:
-            rules.append(deny)
-    return {"defaultAction": "SCMP_ACT_ALLOW",
-            "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64"],
-            "syscalls": rules}
+            ours.append({"names": [name], **deny})
+    for name, arg in NO_USERNS.items():
+        ours.append({"names": [name], **deny, "args": [_arg(arg, CLONE_NEWUSER, "SCMP_CMP_MASKED_EQ", CLONE_NEWUSER)]})
+        ours.append({"names": [name], "action": "SCMP_ACT_ALLOW", "args": [_arg(arg, CLONE_NEWUSER, "SCMP_CMP_MASKED_EQ", 0)]})
+    ours.append({"names": sorted(ENOSYS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS})
+    if default is None:
+        return {"defaultAction": "SCMP_ACT_ALLOW",
+                "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64"],
+                "syscalls": [r for r in ours if r["action"] != "SCMP_ACT_ALLOW"]}
+    kept = []
+    for entry in default.get("syscalls", []):
+        names = [n for n in entry.get("names", []) if n not in governed]
+        if names:
+            kept.append({**entry, "names": names})
+    return {**default, "syscalls": ours + kept}
+
+
+def _arg(index: int, value: int, op: str, value_two: int = 0) -> dict:
+    return {"index": index, "value": value, "valueTwo": value_two, "op": op}

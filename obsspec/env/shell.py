@@ -3,6 +3,10 @@
     obsspec shell find-by-name-00003 -c 'ls -la' -c 'cat notes.txt'
     obsspec shell find-by-name-00003            # interactive; Ctrl-D ends, then the verifier runs
 
+What reaches the terminal is escaped (`for_terminal`): an agent's output, or a task's text, holding
+ESC or CR could clear the screen or print a fake "verifier reward: 1" over the real one. The
+observation the policy sees is not changed.
+
 The header says which semantics the task runs with (obsspec/env/semantics.py): a built-in task's
 isolated sandbox, or an imported task's Harbor container, with what each means.
 """
@@ -55,6 +59,12 @@ async def shell_session(task: Task, config: SandboxConfig, commands: Iterable[st
         await sandbox.close()
 
 
+def for_terminal(text: str) -> str:
+    """`text` with every control and format character but newline and tab written out as an
+    escape (`\\x1b`, `\\r`, `\\u202e`), so nothing of it is a terminal command."""
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+
+
 def _stdin_commands(workdir: str):
     while True:
         if sys.stdin.isatty():
@@ -69,7 +79,7 @@ def _stdin_commands(workdir: str):
 
 def run_shell(task: Task, config: SandboxConfig, commands: list[str] | None, verify: bool) -> dict:
     def emit(text: str) -> None:
-        sys.stdout.write(text)
+        sys.stdout.write(for_terminal(text))
         sys.stdout.flush()
 
     try:

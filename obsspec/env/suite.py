@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from obsspec.env.audit import MODES, audit
 from obsspec.env.episode import EpisodeRecord, preflight, run_scripted
 from obsspec.env.families import all_families
 from obsspec.env.images import ImageUnavailable
@@ -64,12 +65,17 @@ class TasksConfig:
     determinism_check: bool = doc(True, "Run each reference solution twice and report which "
                                         "observations differ (the ceiling of any world model's hit rate).")
     workers: int = doc(4, "Sandboxes validated concurrently.")
+    cheat_audit: str = doc("drop", "Imported tasks a cheap cheat passes (obsspec/env/audit.py: emptied or "
+                                   "deleted inputs, placeholder answers, a failed run's outputs): "
+                                   "'drop' them, 'flag' them in the manifest, or 'off' (no audit).")
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError("tasks.val_fraction must be in [0, 1)")
         if self.num_instances < 0 or self.workers < 1:
             raise ValueError("tasks.num_instances must be >= 0 and tasks.workers >= 1")
+        if self.cheat_audit not in MODES:
+            raise ValueError(f"tasks.cheat_audit must be one of {', '.join(MODES)}, not {self.cheat_audit!r}")
         if self.harbor_semantics not in NAMES:
             raise ValueError(f"tasks.harbor_semantics must be one of {', '.join(NAMES)}, not {self.harbor_semantics!r}")
 
@@ -152,9 +158,10 @@ class Validation:
     problem: str = ""  # why the instance is dropped ('' = valid)
     differing: list[dict] = field(default_factory=list)
     kind: str = ""  # the class of `problem` (the manifest counts dropped tasks per kind)
+    cheats: list[str] | None = None  # cheats that pass its verifier (None: not audited)
 
 
-async def validate_task(task: Task, config: SandboxConfig, determinism: bool) -> Validation:
+async def validate_task(task: Task, config: SandboxConfig, determinism: bool, cheat_audit: str = "off") -> Validation:
     v = Validation(task)
     if not task.solution:
         v.problem, v.kind = "no reference solution", "no-solution"
@@ -169,6 +176,10 @@ async def validate_task(task: Task, config: SandboxConfig, determinism: bool) ->
         v.problem, v.kind = f"reference solution scored {v.reference.reward:g} (must be 1)", "reference-failed"
     elif v.idle.reward >= 1.0:
         v.problem, v.kind = "a do-nothing episode passes the verifier", "do-nothing-passes"
+    if cheat_audit != "off" and task.source.startswith("harbor:") and not v.problem:
+        v.cheats = await audit(task, config)
+        if v.cheats and cheat_audit == "drop":
+            v.problem, v.kind = f"a cheap cheat passes the verifier: {', '.join(v.cheats)}", "cheat-passes"
     if determinism and not v.problem:
         v.repeat = await run_scripted(task, task.solution, config, verify=False)
         for i, (a, b) in enumerate(zip(v.reference.steps, v.repeat.steps)):
@@ -179,7 +190,7 @@ async def validate_task(task: Task, config: SandboxConfig, determinism: bool) ->
 
 
 async def validate_all(tasks: list[Task], config: SandboxConfig, workers: int, determinism: bool,
-                       display: Display, checkpoint: str = "") -> list[Validation]:
+                       display: Display, checkpoint: str = "", cheat_audit: str = "off") -> list[Validation]:
     """Validate tasks concurrently. With `checkpoint`, each result is appended to that JSONL file
     as it completes and reused by a rerun, so an interrupted prepare-tasks resumes."""
     gate = asyncio.Semaphore(workers)
@@ -188,13 +199,13 @@ async def validate_all(tasks: list[Task], config: SandboxConfig, workers: int, d
     display.start(len(tasks), "validating tasks in the sandbox")
 
     async def one(task: Task) -> Validation:
-        key = _checkpoint_key(task, config, determinism)
+        key = _checkpoint_key(task, config, determinism, cheat_audit)
         if key in done:
             v = _validation_from(task, done[key])
         else:
             async with gate:
                 try:
-                    v = await validate_task(task, config, determinism)
+                    v = await validate_task(task, config, determinism, cheat_audit)
                 except ValueError as e:  # this task's fault (content the sandbox refuses):
                     # dropped with the reason; raised, it left its siblings hanging mid-start.
                     # (A bug of ours still raises.)
@@ -214,8 +225,8 @@ async def validate_all(tasks: list[Task], config: SandboxConfig, workers: int, d
             sink.close()
 
 
-def _checkpoint_key(task: Task, config: SandboxConfig, determinism: bool) -> str:
-    blob = json.dumps([task.to_dict(), output_settings(config), determinism], sort_keys=True)
+def _checkpoint_key(task: Task, config: SandboxConfig, determinism: bool, cheat_audit: str = "off") -> str:
+    blob = json.dumps([task.to_dict(), output_settings(config), determinism, cheat_audit], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -227,12 +238,13 @@ def _infra_failed(v: Validation) -> bool:
 def _validation_to(key: str, v: Validation) -> dict:
     rec = {name: (getattr(v, name).to_dict(with_timing=True) if getattr(v, name) else None)
            for name in ("reference", "idle", "repeat")}
-    return {"key": key, "problem": v.problem, "kind": v.kind, "differing": v.differing, **rec}
+    return {"key": key, "problem": v.problem, "kind": v.kind, "differing": v.differing, "cheats": v.cheats, **rec}
 
 
 def _validation_from(task: Task, d: dict) -> Validation:
     recs = {n: EpisodeRecord.from_dict(d[n]) if d[n] else None for n in ("reference", "idle", "repeat")}
-    return Validation(task, problem=d["problem"], differing=d["differing"], kind=d.get("kind", ""), **recs)
+    return Validation(task, problem=d["problem"], differing=d["differing"], kind=d.get("kind", ""),
+                      cheats=d.get("cheats"), **recs)
 
 
 def suite_settings(cfg: TasksConfig) -> dict:
@@ -278,7 +290,8 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
     os.makedirs(out_dir, exist_ok=True)
     checkpoint = os.path.join(out_dir, "validation.partial.jsonl")
     validations = await validate_all(tasks, sandbox, cfg.workers, cfg.determinism_check,
-                                     display, checkpoint)
+                                     display, checkpoint, cfg.cheat_audit)
+    audited = [v for v in validations if v.cheats is not None]
     valid = [v for v in validations if not v.problem]
     dropped += [{"task_id": v.task.task_id, "reason": v.problem, "kind": v.kind} for v in validations if v.problem]
     reasons.update(f"dropped: {v.kind}" for v in validations if v.problem)
@@ -308,6 +321,9 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
         "semantics": dict(sorted(Counter(t.semantics or ISOLATED for t in train + val).items())),
         "reasons": dict(reasons.most_common()),
         "dropped": dropped, "skipped_imports": skipped_imports,
+        # imported tasks a cheap cheat passes (dropped, or kept with `cheat_audit: flag`)
+        "cheats": {"audited": len(audited), "passed_by_a_cheat": sum(bool(v.cheats) for v in audited),
+                   "tasks": {v.task.task_id: v.cheats for v in audited if v.cheats}},
         "sha256": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in files.items()},
     }
     files["manifest.json"] = _json(manifest)
@@ -320,6 +336,7 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
         "train": len(train), "val": len(val), "dropped": len(dropped),
         "skipped_imports": len(skipped_imports), "families": len(families),
         "reasons": dict(reasons.most_common()),
+        "cheat_passes_share": (round(sum(bool(v.cheats) for v in audited) / len(audited), 3) if audited else None),
         "determinism_identical_fraction": json.loads(files["determinism.json"])["identical_fraction"],
         "commands_differing": len(differing),
         "generate_sec": round(t_gen, 3), "total_sec": round(time.monotonic() - t0, 3),

@@ -403,6 +403,11 @@ def clear_acls(path: str) -> None:
 
 
 if __name__ == "__main__":
+    try:  # the memory the agent's files hold is full: we, not PID 1, are the one to go (rc 137)
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
     try:
         if sys.argv[1:2] == ["harbor"]:
             harbor(*sys.argv[2:])

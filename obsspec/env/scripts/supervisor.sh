@@ -111,7 +111,8 @@ while IFS=' ' read -r op nonce nbytes arg; do
     # The command text reaches its shell on a pipe (fd 3), never through a path the agent can
     # write: a FIFO or a link to PID 1's own stdin planted there hung or steered us.
     run)
-      LC_ALL=$agent_lc_all $setsid bash --noprofile --norc -c 'eval "$OBSSPEC_RUNNER"; eval "$__obsspec_run"' bash "$arg" \
+      # (oom_score_adj 1000: out of memory, the kernel kills the agent's processes before PID 1)
+      LC_ALL=$agent_lc_all $setsid bash --noprofile --norc -c 'echo 1000 2>/dev/null >/proc/self/oom_score_adj; eval "$OBSSPEC_RUNNER"; eval "$__obsspec_run"' bash "$arg" \
         </dev/null 3< <(printf '%s' "$script") 2>&1 & ;;
     raw)
       (cd "$OBSSPEC_WORKDIR" && LC_ALL=$agent_lc_all exec $setsid bash --noprofile --norc /dev/fd/3) \
@@ -134,6 +135,9 @@ while IFS=' ' read -r op nonce nbytes arg; do
       printf '%s\0' "${!__root_entries[@]}" |
         python3 -I -c "$OBSSPEC_JANITOR" "$where" "$tests" "$logs" "$state" "$OBSSPEC_WORKDIR" "$HOME" 2>&1
       rc=$?
+      # 137: the kernel's OOM killer (no agent process is left to send SIGKILL): the memory is
+      # held by what the agent left, since the tmpfs sizes leave the harness its own (podman.py)
+      [ "$rc" = 137 ] && { echo "the janitor ran out of memory the agent's files hold"; rc=4; }
       [ "$rc" = 0 ] || [ "$rc" = 4 ] || rc=5  # 5: ours, not the agent's (the janitor could not run)
       # (the janitor found these places empty: a write that fails now is not the agent's doing)
       if [ "$rc" = 0 ]; then mkdir -p "$logs/verifier" "$state/home" "$state/tmp" 2>&1 || rc=5; fi

@@ -72,6 +72,8 @@ while IFS=' ' read -r op nonce nbytes arg; do
       find "$W" -mindepth 1 -delete && mkdir -p "$W/tests" "$W/logs/verifier" || { printf '\0%s %d\0' "$nonce" 5; continue; }
       python3 -I -c "$OBSSPEC_JANITOR" harbor "$U/u" "$R" before </dev/null 2>&1
       rc=$?
+      # (137: the OOM killer, in memory the agent's files and services hold: scored 0)
+      [ "$rc" = 137 ] && { echo "the janitor ran out of memory the agent's files and services hold"; rc=4; }
       [ "$rc" = 0 ] || [ "$rc" = 4 ] || rc=5
       printf '\0%s %d\0' "$nonce" "$rc"
       continue ;;

@@ -320,6 +320,11 @@ def start(argv: list[str], env: dict, cwd: str | None, stdin: bytes | None) -> i
             for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE,
                         signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD, signal.SIGUSR1):
                 signal.signal(sig, signal.SIG_DFL)
+            try:  # out of memory, the kernel takes the agent's processes before the harness's
+                with open("/proc/self/oom_score_adj", "w") as f:
+                    f.write("1000")
+            except OSError:
+                pass
             if cwd:
                 os.chdir(cwd)
             os.execvpe(argv[0], argv, env)

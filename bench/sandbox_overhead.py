@@ -81,6 +81,8 @@ async def measure(n: int, deterministic: bool, backend: str = "bwrap", semantics
     result["fresh_sandbox_ratio"] = round(result["fresh_sandbox_ms"] / base, 2)
     result["episode_command_iqr_ms"] = quartiles_ms(in_episode)
     result["fresh_sandbox_iqr_ms"] = quartiles_ms(fresh)
+    result["episode_setup_iqr_ms"] = quartiles_ms(setup)
+    result["episode_verify_iqr_ms"] = quartiles_ms(verify)
     return result
 
 

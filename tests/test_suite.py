@@ -45,7 +45,7 @@ def test_interrupted_validation_resumes_without_rerunning(tmp_path, monkeypatch)
     checkpoint = str(tmp_path / "validation.partial.jsonl")
     calls = []
 
-    async def fake_validate(task, config, determinism):
+    async def fake_validate(task, config, determinism, cheat_audit="off"):
         calls.append(task.task_id)
         rec = EpisodeRecord(task.task_id, [Step("ls", "a\n\n(exit_code=0)", 0, 0.01)], 1.0)
         return suite.Validation(task, reference=rec, idle=EpisodeRecord(task.task_id, [], 0.0))
@@ -79,7 +79,7 @@ def test_infrastructure_failures_are_not_cached(tmp_path, monkeypatch):
     tasks, _ = suite.generate_builtin(TasksConfig(num_instances=1, families=("count-lines",)))
     checkpoint = tmp_path / "cp.jsonl"
 
-    async def broken(task, config, determinism):
+    async def broken(task, config, determinism, cheat_audit="off"):
         rec = EpisodeRecord(task.task_id, [], None, "sandbox died")
         return suite.Validation(task, reference=rec, problem="reference episode failed")
 

@@ -250,7 +250,7 @@ def _validation_from(task: Task, d: dict) -> Validation:
 def suite_settings(cfg: TasksConfig) -> dict:
     """The tasks section that decides what a suite holds (how many workers built it does not, nor
     how Harbor tasks run when none are imported)."""
-    drop = {"workers"} | (set() if cfg.harbor_dir else {"harbor_semantics"})
+    drop = {"workers"} | (set() if cfg.harbor_dir else {"harbor_semantics", "cheat_audit"})
     return {k: v for k, v in to_dict(cfg).items() if k not in drop}
 
 

@@ -228,7 +228,7 @@ def train_cmd(
     display shows the hit rate and the rollout time speculation hid. Writes metrics.jsonl
     (`obsspec report RUN_DIR` plots it), eval.json (val success before and after), checkpoints.
 
-    On GPUs every start first plans the node (docs/TRAINING.md, "Placement and memory"): which
+    On GPUs every start first plans the node (docs/PLACEMENT.md): which
     GPUs the trainer's processes, the vLLM servers and the world model's co-training use
     (`servers.*_gpus`), and an estimate of each GPU's memory from the models' shapes. A layout
     that cannot fit stops with one line naming what overflows, by how much and the key to

@@ -43,7 +43,7 @@ HOP_GRACE_S = 60.0   # a call's answer may come this much later than its own lim
 PROBE_S = 2.0        # how often the head is probed while sandboxes are open
 PROBES = 3           # failed probes in a row that mean the head is gone
 START_LIMIT_S = 3600.0  # a sandbox may wait this long for a node with room (then: lost)
-INSTALL_HINT = "pip install 'obsspec[ray]' (docs/TRAINING.md, \"Sandboxes on other machines\")"
+INSTALL_HINT = "pip install 'obsspec[ray]' (docs/PLACEMENT.md, \"Sandboxes on other machines\")"
 
 
 class SandboxLost(SandboxError):

@@ -114,7 +114,7 @@ class SandboxConfig:
                                    "('' = the system temp dir).")
     placement: str = doc("local", "Where sandboxes run: 'local' (this machine) or 'ray' (workers of the "
                                   "Ray cluster sandbox.ray names, each with the CPUs and memory its task "
-                                  "asks for; docs/TRAINING.md, \"Sandboxes on other machines\").")
+                                  "asks for; docs/PLACEMENT.md, \"Sandboxes on other machines\").")
     ray: RayPlacement = doc(RayPlacement(), "With placement=ray: the cluster, each sandbox's reservation "
                                             "and the retries of episodes whose worker was lost.")
 

@@ -514,7 +514,7 @@ def demo_cmd(
     rec = load_recipe(recipe, overrides)
     typer.echo(f"recipe: {recipe or 'defaults'}", err=True)
     out_dir = out or os.path.join(rec.run_dir, "demo")
-    run_demo(rec, out_dir, _display(display))
+    run_demo(rec, out_dir, _display(display), recipe or "", overrides)
 
 
 @app.command("report")

@@ -133,6 +133,29 @@ def test_the_demo_replaces_only_its_own_training_run(tmp_path):
     assert sorted(p.name for p in train.iterdir()) == [DEMO_MARK] and len(list(tmp_path.iterdir())) == 2
 
 
+def test_the_demos_curriculum_applies_to_its_suite_only_and_the_command_line_wins():
+    from obsspec.config import load_recipe
+    from obsspec.demo import DEMO_TRAIN, demo_training
+
+    recipe = load_recipe("recipes/tiny-cpu.yaml", [])
+    suite = set(DEMO_TRAIN["task_ids"]) | {"grep-content-00001"}
+    assert demo_training(recipe, suite, []) == DEMO_TRAIN
+    assert "steps" not in demo_training(recipe, suite, ["train.steps=3"])
+    assert demo_training(recipe, {"dir-stats-00000"}, []) == {}, "another suite trains as its recipe says"
+
+
+def test_the_default_suite_holds_the_demos_curriculum():
+    """The curriculum names train tasks of the suite tiny-cpu.yaml generates (seed 0): the
+    generator and the list change together."""
+    from obsspec.config import load_recipe
+    from obsspec.demo import DEMO_TRAIN
+    from obsspec.env.suite import generate_builtin, split
+
+    cfg = load_recipe("recipes/tiny-cpu.yaml", []).tasks
+    train, _ = split(generate_builtin(cfg)[0], cfg.val_fraction, cfg.seed)
+    assert set(DEMO_TRAIN["task_ids"]) <= {t.task_id for t in train}
+
+
 def test_prepare_tasks_from_takes_the_folder_name_as_given(tmp_path):
     """`--from 0x10` imported the folder `16` (the path went through YAML)."""
     (tmp_path / "16").mkdir()

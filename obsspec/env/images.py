@@ -152,7 +152,8 @@ def unavailable(name: str) -> str:
 
 
 def _unavailable_text(name: str) -> str:
-    return (f"base image {name} is not here and could not be pulled ({_pulls[name]}); without a "
+    why = _pulls[name] if len(_pulls[name]) <= 80 else _pulls[name][:77] + "..."  # (the advice after it
+    return (f"base image {name} is not here and could not be pulled ({why}); without a "  # must fit a line)
             f"registry only debian:bookworm, debian:bookworm-slim and debian:12 (built locally as "
             f"{BASE_IMAGE}) or images already in podman can be used")
 

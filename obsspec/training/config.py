@@ -22,6 +22,10 @@ class TrainConfig:
                                         "(the suite itself is tasks.families, or rollout.tasks_dir); "
                                         "empty = every family of the suite. GRPO learns nothing from "
                                         "tasks the policy never solves (every group's advantage is 0).")
+    task_ids: tuple[str, ...] = doc((), "Train on these train tasks of the suite only (a curriculum: e.g. "
+                                        "the ones the policy half solves, where GRPO groups have mixed "
+                                        "outcomes); empty = every train task of train.families. Val is "
+                                        "unaffected. An id the suite's train split lacks is an error.")
     tasks_per_step: int = doc(4, "Train tasks per step (distinct prompts).")
     group_size: int = doc(4, "Episodes per task: the GRPO group whose mean is the baseline, in "
                              "training and in `obsspec rollout` alike.")

@@ -241,7 +241,6 @@ def main(argv: list[str] | None = None) -> None:
             job = json.loads(line)
             fields = dict(job["config"])
             fields["target_modules"] = tuple(fields["target_modules"])
-            fields["data"] = tuple(fields.get("data", ()))
             with open(job["rows"]) as f:
                 rows = [json.loads(x) for x in f if x.strip()]
             stats = train_adapter(model, tokenizer, rows, WorldModelTrainConfig(**fields), job["out"],

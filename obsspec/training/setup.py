@@ -52,6 +52,13 @@ def build_run(recipe: Recipe, out_dir: str, state, live, display) -> "TrainingRu
         tasks_dir = asyncio.run(ensure_tasks(recipe, display))
         keep = (lambda task: task.family in t.families) if t.families else (lambda task: True)
         train = [task for task in load_tasks(os.path.join(tasks_dir, "train.jsonl")) if keep(task)]
+        if t.task_ids:
+            missing = sorted(set(t.task_ids) - {task.task_id for task in train})
+            if missing:
+                raise TrainError(f"train.task_ids: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
+                                 f"not among the train tasks of {tasks_dir}" +
+                                 (f" of the families {list(t.families)}" if t.families else ""))
+            train = [task for task in train if task.task_id in t.task_ids]
         val_file = os.path.join(tasks_dir, "val.jsonl")
         val = [task for task in load_tasks(val_file) if keep(task)] if os.path.exists(val_file) else []
         if not train:  # before the kit is built: this is the recipe's mistake, not worth minutes
@@ -367,11 +374,11 @@ def _step_line(row: dict, steps: int, so_far: dict | None = None) -> str:
 
     busy = f", {skips_phrase(row)}" if row.get("spec/skipped_frac") else ""
     if row.get("paired/rollout_reduction") is not None:  # measured against the sequential pass
-        saved = (f"rollout {row['paired/spec_sec']:.1f}s vs {row['paired/seq_sec']:.1f}s sequential "
-                 f"({-100 * row['paired/rollout_reduction']:+.0f}%, episode latency "
-                 f"{-100 * (row.get('paired/latency_reduction') or 0):+.0f}%")
-        if so_far is not None:
-            saved += f"; measured so far {-100 * so_far['mean']:+.1f}% ± {100 * so_far['ci95']:.1f}"
+        saved = (f"rollout {row['paired/spec_sec']:.1f}s speculative vs {row['paired/seq_sec']:.1f}s sequential "
+                 f"(saved {100 * row['paired/rollout_reduction']:.0f}%, of episode latency "
+                 f"{100 * (row.get('paired/latency_reduction') or 0):.0f}%")
+        if so_far is not None and so_far.get("ci95") is not None:
+            saved += f"; saved so far {100 * so_far['mean']:.1f}% ± {100 * so_far['ci95']:.1f}"
         saved += ")"
     else:
         saved = (f"hidden ~{row.get('latency_saved_sec', 0):.1f}s (est. {pct('latency_saved_frac')} of "

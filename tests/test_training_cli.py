@@ -33,6 +33,7 @@ def common(root) -> list[str]:
             "train.save_steps=1", "train.save_total_limit=5",
             "train.eval_tasks=2", "train.eval_group_size=2", "train.report_to=none", "train.families=[]",
             "wm_train.max_length=1024", "wm_train.batch_size=2", *MICRO, "policy.temperature=0.3",
+            "train.measure_speculation=false",  # (one rollout pass a step; the paired test turns it on)
             "kit.policy.epochs=80"]
 
 

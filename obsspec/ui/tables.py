@@ -129,7 +129,7 @@ def _reduction(interval: dict | None) -> str:
     if not interval:
         return "-"
     half = interval.get("ci95")
-    return f"{-100 * interval['mean']:+.1f} %" + (f" ± {100 * half:.1f}" if half is not None else "")
+    return f"{100 * interval['mean']:+.1f} %" + (f" ± {100 * half:.1f}" if half is not None else "")  # (positive: saved)
 
 
 def _counts(pairs) -> str:

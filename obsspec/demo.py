@@ -83,7 +83,7 @@ def _overrides(values: dict) -> list[str]:
     return [f"train.{k}={text(v)}" for k, v in values.items()]
 
 
-def demo_training(recipe: Recipe, train_ids: set[str], overrides: list[str]) -> dict:
+def demo_training(train_ids: set[str], overrides: list[str]) -> dict:
     """DEMO_TRAIN's settings, less those the command line sets itself; none when the suite is not
     the one the curriculum was measured on (its tasks missing)."""
     if not set(DEMO_TRAIN["task_ids"]) <= train_ids:
@@ -104,7 +104,7 @@ def run_demo(recipe: Recipe, out_dir: str, display: Display, recipe_path: str = 
 
     summary = asyncio.run(_demo(recipe, out_dir, display, emit))
     tasks_dir = os.path.join(out_dir, "tasks")
-    curriculum = demo_training(recipe, {t.task_id for t in load_tasks(os.path.join(tasks_dir, "train.jsonl"))},
+    curriculum = demo_training({t.task_id for t in load_tasks(os.path.join(tasks_dir, "train.jsonl"))},
                                list(overrides))
     train_cfg = dataclasses.replace(recipe.train, **curriculum)
     measured = ", each step also run sequentially on the same seeds" if train_cfg.measure_speculation else ""

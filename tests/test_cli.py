@@ -134,14 +134,12 @@ def test_the_demo_replaces_only_its_own_training_run(tmp_path):
 
 
 def test_the_demos_curriculum_applies_to_its_suite_only_and_the_command_line_wins():
-    from obsspec.config import load_recipe
     from obsspec.demo import DEMO_TRAIN, demo_training
 
-    recipe = load_recipe("recipes/tiny-cpu.yaml", [])
     suite = set(DEMO_TRAIN["task_ids"]) | {"grep-content-00001"}
-    assert demo_training(recipe, suite, []) == DEMO_TRAIN
-    assert "steps" not in demo_training(recipe, suite, ["train.steps=3"])
-    assert demo_training(recipe, {"dir-stats-00000"}, []) == {}, "another suite trains as its recipe says"
+    assert demo_training(suite, []) == DEMO_TRAIN
+    assert "steps" not in demo_training(suite, ["train.steps=3"])
+    assert demo_training({"dir-stats-00000"}, []) == {}, "another suite trains as its recipe says"
 
 
 def test_the_default_suite_holds_the_demos_curriculum():

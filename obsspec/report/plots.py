@@ -106,7 +106,7 @@ def reward(run, path: str, window: int = 8) -> str | None:
     _save(fig, path)
     gain = (run.summary or {}).get("val_gain") or {}
     half = gain.get("ci95")
-    val_text = (f"; val success before (step 0) and after training: {_pct(gain.get('mean'))} points"
+    val_text = (f"; val success before (step 0) and after training: {100 * gain['mean']:+.1f} points"
                 + (f" ± {100 * half:.1f} (95 % interval over {gain.get('tasks')} tasks, same seeds)" if half else "")
                 if val and gain.get("mean") is not None else "")
     return (f"Training reward per step and its mean over the last {window} steps{val_text}; right: success per "
@@ -119,10 +119,6 @@ def _val_points(summary: dict | None, last_step: int) -> list[tuple[int, float]]
     evals = (summary or {}).get("eval") or {}
     fracs = [(evals.get(k) or {}).get("success_frac") for k in ("before", "after")]
     return [(0, fracs[0]), (last_step, fracs[1])] if None not in fracs else []
-
-
-def _pct(x) -> str:
-    return "?" if x is None else f"{100 * x:+.1f}"
 
 
 def latency_breakdown(run, path: str) -> str | None:

@@ -49,7 +49,7 @@ async def main_async(args) -> dict:
         try:
             runs = []
             for speculative in (False, False, True):
-                batch = await run_episodes(engine, fmt, episodes, tool_factory(recipe, None), sampling,
+                batch = await run_episodes(engine, fmt, episodes, tool_factory(recipe.sandbox, recipe.rollout.latency), sampling,
                                            cap=recipe.sandbox.output_cap, speculative=speculative,
                                            predictor=HistoryCache() if speculative else None)
                 runs.append(batch.trajectories)

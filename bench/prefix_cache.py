@@ -100,7 +100,7 @@ def main() -> None:
         with open(args.rollouts) as f:
             episodes = [Trajectory.from_dict(json.loads(line)) for line in f if line.strip()]
     snapshots = None
-    builder = workspace_snapshots(fmt, recipe)
+    builder = workspace_snapshots(fmt, recipe.world_model, recipe.sandbox)
     if builder is not None:
         ids = {r["task_id"] for r in rows} | {e.task_id for e in episodes}
         snapshots = asyncio.run(builder.table([t for t in load_tasks(args.tasks) if t.task_id in ids]))

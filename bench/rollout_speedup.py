@@ -157,7 +157,7 @@ class Bench:
         gating = make_gate(recipe.rollout)
         gating.enabled = gate and recipe.rollout.gate
         before = engine_counts(self.policy)
-        batch = await run_episodes(self.policy, self.fmt, self.episodes, tool_factory(recipe, None), self.sampling,
+        batch = await run_episodes(self.policy, self.fmt, self.episodes, tool_factory(recipe.sandbox, recipe.rollout.latency), self.sampling,
                                    cap=recipe.sandbox.output_cap, speculative=predictor is not None,
                                    predictor=predictor, depth=recipe.rollout.depth, busy_limit=busy, gate=gating,
                                    concurrency=recipe.rollout.concurrency, listeners=[timings])

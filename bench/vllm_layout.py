@@ -32,9 +32,10 @@ from provenance import stamp
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from obsspec.build import server_specs_for  # noqa: E402
 from obsspec.config import load_recipe  # noqa: E402
 from obsspec.engines.base import GenerationRequest  # noqa: E402
-from obsspec.engines.server import Servers, server_specs  # noqa: E402
+from obsspec.engines.server import Servers  # noqa: E402
 from obsspec.models.bases import bases_dir  # noqa: E402
 
 PROMPTS = ["Count the lines of every .txt file.", "List the files by size.", "Find notes.txt.",
@@ -82,7 +83,7 @@ def throughput() -> dict:
     recipe = load_recipe(os.path.join(ROOT, "recipes", "tiny-cpu-vllm.yaml"),
                          [f"policy.server_url=http://127.0.0.1:{free_port()}", "world_model.engine=hf",
                           "world_model.prompt_lookup=0"])
-    specs = server_specs(recipe, policy, "")
+    specs = server_specs_for(recipe, policy, "")
     with tempfile.TemporaryDirectory() as logs, Servers(specs, logs):
         engine = VLLMEngine(specs[0].url, policy)
         out["vllm"] = {c: round(asyncio.run(tokens_per_second(engine, prompts, c)), 1) for c in (1, 8)}

@@ -3,9 +3,9 @@
     policy_path, wm_path = model_paths(recipe, display)          # builds the tiny kit if named
     servers = launch_servers(recipe, policy_path, wm_path, out_dir, display)  # servers.launch
     policy, tokenizer = make_engine(recipe.policy, policy_path, recipe.policy.max_batch_size)
-    wm_engine = world_model_engine(recipe, wm_path, tokenizer)
+    wm_engine = world_model_engine(recipe.world_model, wm_path, tokenizer)
     predictor = world_model_predictor(recipe, ChatFormat(tokenizer), wm_engine, adapter=None, seed=0)
-    make_tool = tool_factory(recipe, recorded=None)
+    make_tool = tool_factory(recipe.sandbox, recipe.rollout.latency)
 
 The rollout command (obsspec/rollout_run.py), training (obsspec/training/setup.py),
 `train-worldmodel` (obsspec/worldmodel/run.py) and the benchmarks all build through here, so a
@@ -19,10 +19,11 @@ import json
 import os
 
 from obsspec.config import Recipe
-from obsspec.rollout.config import PolicyConfig
+from obsspec.env.sandbox import SandboxConfig
 from obsspec.env.suite import prepare_tasks, suite_settings
 from obsspec.env.task import Task
-from obsspec.progress import Display
+from obsspec.progress import Display, NullDisplay
+from obsspec.rollout.config import PolicyConfig, WorldModelConfig
 from obsspec.rollout.predictors import (HistoryCache, NoPredictor, Oracle, Predictor, WithHistory,
                                         WorldModelPredictor)
 from obsspec.rollout.tools import EmulatedLatency, ReplayTool, SandboxTool
@@ -69,25 +70,56 @@ def model_paths(recipe: Recipe, display: Display) -> tuple[str, str]:
         if name.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(name)):
             raise RolloutError(f"{section}.model: no model folder at {name}")
     if "tiny" in (policy, wm):
-        from obsspec.models.kit import kit_for
-
         kit = kit_for(recipe, recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks"), display)
         policy = kit.policy if policy == "tiny" else policy
         wm = kit.world_model if wm == "tiny" else wm
     return policy, wm
 
 
+def kit_for(recipe: Recipe, tasks_dir: str, display: Display | None = None, cache_dir: str | None = None):
+    """The tiny models' `KitPaths` a recipe uses: its `kit.bases` when they were built for this
+    suite (obsspec/models/bases.py), else `ensure_kit` with its sections: its policy's sampling for
+    the kit's rollouts, and its world model's snapshot budget when that model is the kit's."""
+    from obsspec.models.kit import KitPaths, ensure_kit, workspace_tokens
+    from obsspec.rollout.config import sampling
+
+    snapshot_tokens, hint_tokens = workspace_tokens(recipe.world_model)
+    display = display or NullDisplay()
+    if recipe.kit.bases:
+        from obsspec.models.bases import bases_dir, bases_mismatch, read_manifest
+
+        root = bases_dir(recipe.kit.bases)
+        why = bases_mismatch(read_manifest(root), tasks_dir, snapshot_tokens, recipe.policy.max_context,
+                             hint_tokens)
+        if why is None:
+            display.log(f"tiny models: the pretrained bases at {root}")
+            return KitPaths.under(root)
+        display.log(f"tiny models: the pretrained bases at {root} do not fit this recipe ({why}): "
+                    "building the kit")
+    return ensure_kit(tasks_dir, recipe.rollout.kit_cache if cache_dir is None else cache_dir, recipe.kit,
+                      recipe.sandbox, sampling(recipe.policy, recipe.rollout.seed), display,
+                      snapshot_tokens=snapshot_tokens, hint_tokens=hint_tokens)
+
+
 def launch_servers(recipe: Recipe, policy_path: str, wm_path: str, out_dir: str, display: Display):
     """With `servers.launch`, the recipe's vLLM servers, started and serving (logs in
     OUT_DIR/servers); else None. The caller stops them (`.stop()`)."""
-    from obsspec.engines.server import Servers, server_specs
+    from obsspec.engines.server import Servers
 
-    specs = server_specs(recipe, policy_path, wm_path) if recipe.servers.launch else []
+    specs = server_specs_for(recipe, policy_path, wm_path) if recipe.servers.launch else []
     if not specs:
         return None
     servers = Servers(specs, os.path.join(out_dir, "servers"), display)
     servers.start()
     return servers
+
+
+def server_specs_for(recipe: Recipe, policy_path: str, wm_path: str) -> list:
+    """The recipe's vLLM servers (`ServerSpec`s of the sections on engine vllm), models resolved."""
+    from obsspec.engines.server import server_specs
+
+    return server_specs(recipe.policy, recipe.world_model, recipe.servers, policy_path, wm_path,
+                        policy_lora_rank=recipe.train.policy_lora_rank, wm_lora_rank=recipe.wm_train.rank)
 
 
 def make_engine(cfg, path: str, max_batch_size: int = 32, **hf_options):
@@ -115,9 +147,8 @@ def make_engine(cfg, path: str, max_batch_size: int = 32, **hf_options):
                     max_batch_size=max_batch_size, device=cfg.device, **hf_options), tokenizer
 
 
-def world_model_engine(recipe: Recipe, wm_path: str, policy_tokenizer):
-    """The world model's engine as the recipe says, checked against the policy's tokenizer."""
-    wm = recipe.world_model
+def world_model_engine(wm: WorldModelConfig, wm_path: str, policy_tokenizer):
+    """The world model's engine as its section says, checked against the policy's tokenizer."""
     engine, tokenizer = make_engine(wm, wm_path, **wm.hf_options)
     check_same_tokenizer(policy_tokenizer, tokenizer, wm_path)
     return engine
@@ -162,29 +193,29 @@ def world_model_predictor(recipe: Recipe, fmt, wm_engine, adapter: str | None, s
     wm = recipe.world_model
     return WorldModelPredictor(wm_engine, fmt, cap=recipe.sandbox.output_cap, max_tokens=wm.max_tokens,
                                breadth=recipe.rollout.breadth,
-                               adapter=adapter, seed=seed, snapshots=workspace_snapshots(fmt, recipe))
+                               adapter=adapter, seed=seed, snapshots=workspace_snapshots(fmt, wm, recipe.sandbox))
 
 
-def workspace_snapshots(fmt, recipe: Recipe):
-    """A builder of each task's `WorldView` (`WorkspaceSnapshots`: each task's built once) when
-    the recipe's world model reads the task's workspace (`world_model.workspace_snapshot`,
+def workspace_snapshots(fmt, wm: WorldModelConfig, sandbox: SandboxConfig):
+    """A builder of each task's `WorldView` (`WorkspaceSnapshots`: each task's built once, in
+    `sandbox`) when the world model `wm` reads the task's workspace (`world_model.workspace_snapshot`,
     `world_model.hint_tokens`), else None."""
-    wm = recipe.world_model
     if not wm.reads_workspace:
         return None
     from obsspec.worldmodel.views import WorkspaceSnapshots
 
-    return WorkspaceSnapshots(fmt, wm.snapshot_budget, recipe.sandbox, wm.hint_tokens)
+    return WorkspaceSnapshots(fmt, wm.snapshot_budget, sandbox, wm.hint_tokens)
 
 
 # ---------------------------------------------------------------------------------------------
 # Tools
 
 
-def tool_factory(recipe: Recipe, recorded, latency: bool = True):
+def tool_factory(sandbox: SandboxConfig, latency: EmulatedLatency | None, recorded=None):
     """(task, episode) -> Tool: a replay of `recorded` episodes (rows of a run's trajectories
-    file), else a real sandbox with the recipe's emulated latency (`latency=False`: without it)."""
+    file), else a real sandbox of the `sandbox` section with `latency` added (`rollout.latency`;
+    None: none)."""
     if recorded is not None:
         return lambda task, episode: ReplayTool(recorded[episode]["turns"], recorded[episode]["reward"])
-    extra = recipe.rollout.latency if latency else EmulatedLatency()
-    return lambda task, episode: SandboxTool(task, episode, recipe.sandbox, extra)
+    extra = latency if latency is not None else EmulatedLatency()
+    return lambda task, episode: SandboxTool(task, episode, sandbox, extra)

@@ -420,14 +420,14 @@ def serve_cmd(
     """
     import time
 
-    from obsspec.build import model_paths
-    from obsspec.engines.server import Servers, server_specs
+    from obsspec.build import model_paths, server_specs_for
+    from obsspec.engines.server import Servers
 
     rec = _load(recipe, overrides or [])
     if "vllm" not in (rec.policy.engine, rec.world_model.engine):  # (before a kit is built for nothing)
         raise ConfigError("serve: no section of this recipe uses engine vllm (policy.engine, world_model.engine)")
     progress = _display(display)
-    specs = server_specs(rec, *model_paths(rec, progress))
+    specs = server_specs_for(rec, *model_paths(rec, progress))
     if print_only:
         for spec in specs:
             typer.echo(f"# {spec.role}\n{spec.shell()}")

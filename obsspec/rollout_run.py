@@ -95,7 +95,7 @@ async def _run_on(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live
     summaries: dict[str, dict] = {}
     try:
         if mode != "sequential" and cfg.predictor in ("world_model", "tiered"):
-            wm_engine = world_model_engine(recipe, wm_path, tokenizer)
+            wm_engine = world_model_engine(recipe.world_model, wm_path, tokenizer)
             if adapter is not None:
                 await wm_engine.load_adapter(adapter.name, adapter.path)
         # before any pass is timed: no mode pays the first forward passes' warm-up alone
@@ -112,7 +112,7 @@ async def _run_on(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live
                 predictor = predictor_for(recipe, fmt, wm_engine, episodes, source, adapter.name if adapter else None)
             # the first pass of each mode leaves the run's files; the later ones, their latencies
             batch = await run_episodes(
-                policy, fmt, episodes, tool_factory(recipe, recorded), settings, cap=recipe.sandbox.output_cap,
+                policy, fmt, episodes, tool_factory(recipe.sandbox, recipe.rollout.latency, recorded), settings, cap=recipe.sandbox.output_cap,
                 speculative=m == "speculative", predictor=predictor, depth=cfg.depth, busy_limit=cfg.busy_limit,
                 gate=make_gate(cfg), concurrency=cfg.concurrency, out_dir=out_dir if first else "", live=live,
                 title=f"{m} rollout" + (f" ({k // 2 + 1} of {cfg.pairs} pairs)" if mode == "both" else ""))

@@ -13,6 +13,7 @@ import os
 import pytest
 from typer.testing import CliRunner
 
+from obsspec import build
 from obsspec.cli import app
 from obsspec.config import load_recipe
 from obsspec.models import bases, kit, warmstart
@@ -98,24 +99,24 @@ def test_a_recipe_uses_the_bases_only_on_the_suite_they_were_built_for(tmp_path,
     built = []
     monkeypatch.setattr(kit, "ensure_kit", lambda *a, **k: built.append(a) or "kit")
     recipe = load_recipe(None, [f"kit.bases={root}"])
-    assert kit.kit_for(recipe, suite) == kit.KitPaths.under(root) and not built
+    assert build.kit_for(recipe, suite) == kit.KitPaths.under(root) and not built
 
     logged = []
     display = NullDisplay()
     display.log = logged.append
     write_tasks(suite, val_words="another val task")  # another suite: its val tasks may have been trained on
-    assert kit.kit_for(recipe, suite, display) == "kit" and len(built) == 1
+    assert build.kit_for(recipe, suite, display) == "kit" and len(built) == 1
     assert "do not fit" in logged[-1] and "another task suite" in logged[-1] and "8 instances of count-lines" in logged[-1]
 
     write_tasks(suite)
     snapshot = load_recipe(None, [f"kit.bases={root}", "world_model.workspace_snapshot=true",
                                       "policy.max_context=1024"])
-    assert kit.kit_for(snapshot, suite, display) == "kit" and "snapshot tokens 0" in logged[-1]
+    assert build.kit_for(snapshot, suite, display) == "kit" and "snapshot tokens 0" in logged[-1]
     hinted = load_recipe(None, [f"kit.bases={root}", "world_model.hint_tokens=128", "policy.max_context=1024"])
-    assert kit.kit_for(hinted, suite, display) == "kit" and "hint tokens 0, the recipe has 128" in logged[-1]
-    assert built[-1] and kit.kit_for(load_recipe(None, [f"kit.bases={root}"]), suite) == kit.KitPaths.under(root)
+    assert build.kit_for(hinted, suite, display) == "kit" and "hint tokens 0, the recipe has 128" in logged[-1]
+    assert built[-1] and build.kit_for(load_recipe(None, [f"kit.bases={root}"]), suite) == kit.KitPaths.under(root)
     assert bases.bases_mismatch(bases.read_manifest(root), suite, 0, 4096).startswith("policy.max_context 4096")
-    assert kit.kit_for(load_recipe(None, []), suite) == "kit", "no kit.bases: always the kit"
+    assert build.kit_for(load_recipe(None, []), suite) == "kit", "no kit.bases: always the kit"
 
 
 def test_bases_names_and_missing_folders_are_clear(tmp_path):

@@ -86,7 +86,7 @@ def test_world_model_versions_are_pruned_except_the_serving_and_the_checkpointed
 
     recipe = load_recipe("recipes/tiny-cpu.yaml", ["train.keep_adapter_versions=2"])
     engine, predictor = _Engine(), SimpleNamespace(adapter=None)
-    co = CoTrainer(recipe, "unused", engine, predictor, str(tmp_path), None)
+    co = CoTrainer(recipe.wm_train, recipe.train, "unused", engine, predictor, str(tmp_path), None)
     co._worker = _Worker()
     for step in range(1, 7):
         rows = os.path.join(co.work, f"step-{step:06d}.rows.jsonl")

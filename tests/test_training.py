@@ -427,7 +427,7 @@ def test_a_dead_cotraining_worker_is_loud_restarted_and_the_engine_keeps_its_ver
     recipe = load_recipe("recipes/tiny-cpu.yaml")
     display, engine = _Recorder(), _Engine()
     # a base that does not exist: the real worker process dies while loading it
-    co = CoTrainer(recipe, str(tmp_path / "no-such-model"), engine, _Predictor(), str(tmp_path), display)
+    co = CoTrainer(recipe.wm_train, recipe.train, str(tmp_path / "no-such-model"), engine, _Predictor(), str(tmp_path), display)
     rows = tmp_path / "rows.jsonl"
     rows.write_text("")
     co.start(4, str(rows))
@@ -453,7 +453,7 @@ def test_one_cotraining_worker_trains_every_version_and_a_failed_job_keeps_it_al
     tiny.save(tiny.build_model(cfg, tokenizer, 256), tokenizer, base)
     recipe = load_recipe("recipes/tiny-cpu.yaml")
     display, engine = _Recorder(), _Engine()
-    co = CoTrainer(recipe, base, engine, _Predictor(), str(tmp_path / "run"), display)
+    co = CoTrainer(recipe.wm_train, recipe.train, base, engine, _Predictor(), str(tmp_path / "run"), display)
     good = tmp_path / "rows.jsonl"
     good.write_text("".join(json.dumps({"input_ids": [5, 6, 7, 8, 9, 10], "completion_mask": [0, 0, 0, 1, 1, 1]}) + "\n"
                             for _ in range(4)))
@@ -496,7 +496,7 @@ def test_cotraining_rows_carry_the_workspace_snapshot_the_predictor_uses(fmt, tm
     for on in (False, True):
         predictor = Predictor()
         predictor.snapshots = Snapshots() if on else None
-        co = CoTrainer(recipe, "unused", None, predictor, str(tmp_path / str(on)), None)
+        co = CoTrainer(recipe.wm_train, recipe.train, "unused", None, predictor, str(tmp_path / str(on)), None)
         co.start = lambda step, rows_path: firsts.__setitem__(on, json.loads(open(rows_path).readline()))
         co.after_rollouts(result)
     assert firsts[True]["input_ids"][:3] == [7, 8, 9]
@@ -510,7 +510,7 @@ def test_a_step_with_no_observation_to_learn_trains_no_version_and_says_so(fmt, 
 
     recipe = load_recipe("recipes/tiny-cpu.yaml", ["train.cotrain_every=1"])
     display = _Recorder()
-    co = CoTrainer(recipe, "unused", None, _Predictor(), str(tmp_path), display)
+    co = CoTrainer(recipe.wm_train, recipe.train, "unused", None, _Predictor(), str(tmp_path), display)
     started = []
     co.start = lambda step, rows_path: started.append(step)
     silent = Trajectory.start(0, "t0", fmt.prompt_ids("How many files are in /app/data?"))
@@ -535,7 +535,7 @@ def test_cotraining_continues_from_the_adapter_the_run_started_with(tmp_path):
 
     recipe = load_recipe("recipes/tiny-cpu.yaml")
     for initial in (None, str(tmp_path / "given" / "v3")):
-        co = CoTrainer(recipe, "unused", None, _Predictor(), str(tmp_path / str(bool(initial))), None,
+        co = CoTrainer(recipe.wm_train, recipe.train, "unused", None, _Predictor(), str(tmp_path / str(bool(initial))), None,
                        initial=initial)
         co._worker = Worker()
         co.start(1, "rows.jsonl")

@@ -13,8 +13,9 @@ import sys
 import pytest
 from packaging.requirements import Requirement
 
+from obsspec.build import server_specs_for
 from obsspec.config import load_recipe
-from obsspec.engines.server import ServerError, Servers, server_specs, vllm_build
+from obsspec.engines.server import ServerError, Servers, vllm_build
 from test_cli import ROOT, cli
 
 
@@ -59,7 +60,7 @@ def test_every_mismatch_is_refused_before_a_server_starts(tmp_path):
              ("recipes/tiny-cpu-vllm.yaml", fake_python(tmp_path, "none"), "has no vLLM installed")]
     for path, python, message in cases:
         recipe = load_recipe(os.path.join(ROOT, path), [f"servers.python={python}"])
-        servers = Servers(server_specs(recipe, "policy-model", "world-model"), str(tmp_path / "logs"))
+        servers = Servers(server_specs_for(recipe, "policy-model", "world-model"), str(tmp_path / "logs"))
         with pytest.raises(ServerError, match=message):
             servers.start()
         assert servers.procs == [] and not (tmp_path / "logs").exists()

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from obsspec.build import server_specs_for
 from obsspec.config import load_recipe
 from obsspec.engines.base import GenerationRequest, PromptTooLong
-from obsspec.engines.server import ServerError, Servers, server_specs, vllm_build
+from obsspec.engines.server import ServerError, Servers, vllm_build
 from obsspec.engines.vllm import VLLMEngine, VLLMServerError
 from test_cli import ROOT, cli
 
@@ -59,7 +60,7 @@ def served(tmp_path_factory):
                  f"world_model.server_url=http://127.0.0.1:{ports[1]}",
                  f"servers.python={VLLM_PYTHON}", "policy.priority_scheduling=true"]
     recipe = load_recipe(Path(ROOT) / "recipes" / "tiny-cpu-vllm.yaml", overrides)
-    specs = server_specs(recipe, POLICY, WM)
+    specs = server_specs_for(recipe, POLICY, WM)
     servers = Servers(specs, str(tmp_path_factory.mktemp("servers")))
     servers.start()
     procs = list(servers.procs)
@@ -276,7 +277,7 @@ def test_a_port_that_already_serves_and_a_missing_venv_are_one_line_errors(serve
         Servers([spec], str(tmp_path)).start()
     recipe = load_recipe(Path(ROOT) / "recipes" / "tiny-cpu-vllm.yaml", [f"servers.python={tmp_path}/none/python"])
     with pytest.raises(ServerError, match="make install-vllm"):
-        Servers(server_specs(recipe, POLICY, WM), str(tmp_path)).start()
+        Servers(server_specs_for(recipe, POLICY, WM), str(tmp_path)).start()
 
 
 @pytest.fixture(scope="module")
@@ -374,7 +375,7 @@ def test_an_exported_policy_served_by_vllm_generates_what_training_generated(ser
     val_after = read_trajectories(tmp_path / "run" / "eval" / "val-after")
     fmt = ChatFormat(AutoTokenizer.from_pretrained(merged))
     sampling = dict(temperature=recipe.policy.temperature, max_new=48, max_context=1024)
-    servers = Servers(server_specs(solo, merged, WM)[:1], str(tmp_path / "servers"))
+    servers = Servers(server_specs_for(solo, merged, WM)[:1], str(tmp_path / "servers"))
     servers.start()
     try:
         same, total = regenerate(VLLMEngine(f"http://127.0.0.1:{port}", merged), fmt, val_after, **sampling)

@@ -120,7 +120,7 @@ def cotrain_rows(fmt, tmp_path, trajectories, *overrides) -> list[dict]:
 
     recipe = load_recipe("recipes/tiny-cpu.yaml", ["train.cotrain_every=1", *overrides])
     predictor = type("P", (), {"adapter": None, "snapshots": _Snapshots(fmt)})()
-    co = CoTrainer(recipe, "unused", None, predictor, str(tmp_path), None)
+    co = CoTrainer(recipe.wm_train, recipe.train, "unused", None, predictor, str(tmp_path), None)
     got = []
     co.start = lambda step, path: got.extend(json.loads(line) for line in open(path))
     co.after_rollouts(StepRollouts(1, trajectories, {}))

@@ -1,6 +1,7 @@
 """vLLM servers for a recipe: their exact command lines, started, awaited and stopped by obsspec.
 
-    specs = server_specs(recipe, policy_path, wm_path)   # one ServerSpec per section on engine vllm
+    specs = server_specs(policy, world_model, servers, policy_path, wm_path,   # a ServerSpec per
+                         policy_lora_rank=64, wm_lora_rank=8)                  # section on engine vllm
     print(specs[0].shell())                               # the line a GPU user would type
     with Servers(specs, "runs/x/servers", display):       # start, wait until each serves its model
         ...                                               # VLLMEngine(spec.url, spec.model) talks to it
@@ -163,15 +164,17 @@ class ServerSpec:
                          *map(shlex.quote, self.argv())])
 
 
-def server_specs(recipe, policy_path: str, wm_path: str) -> list[ServerSpec]:
-    """A spec for each section of `recipe` on engine vllm (its model resolved to `*_path`)."""
-    pol, wm, cfg = recipe.policy, recipe.world_model, recipe.servers
+def server_specs(pol, wm, cfg, policy_path: str, wm_path: str, *, policy_lora_rank: int,
+                 wm_lora_rank: int) -> list[ServerSpec]:
+    """A spec for each of the policy and world-model sections (`pol`, `wm`) on engine vllm, their
+    models resolved to `*_path`, under the servers section `cfg`; `*_lora_rank`: the adapters each
+    server loads at run time (`train.policy_lora_rank`, `wm_train.rank`)."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     specs = []
     if pol.engine == "vllm":
         specs.append(ServerSpec(
             "policy", policy_path, pol.server_url, pol.device, _within_positions(policy_path, pol.max_context),
-            recipe.train.policy_lora_rank, processed_logprobs=True, priority=pol.priority_scheduling,
+            policy_lora_rank, processed_logprobs=True, priority=pol.priority_scheduling,
             cpu_core=cores[0], gpus=cfg.policy_gpus, config=cfg))
     if wm.engine == "vllm":
         # context, snapshot, hints and draft; a model whose positions are not known here gets its
@@ -179,7 +182,7 @@ def server_specs(recipe, policy_path: str, wm_path: str) -> list[ServerSpec]:
         need = pol.max_context + wm.extra_tokens(pol.max_turns) + wm.max_tokens
         specs.append(ServerSpec(
             "world_model", wm_path, wm.server_url, wm.device, _within_positions(wm_path, need, unknown=0),
-            recipe.wm_train.rank, cpu_core=cores[len(specs) % len(cores)], gpus=cfg.world_model_gpus, config=cfg))
+            wm_lora_rank, cpu_core=cores[len(specs) % len(cores)], gpus=cfg.world_model_gpus, config=cfg))
     return specs
 
 

@@ -4,7 +4,7 @@
 
 A recipe with `kit.bases` set (tiny-cpu.yaml: `tiny-cpu`, the folder obsspec/bases/tiny-cpu/)
 starts from those models instead of building its kit, when they were built for its task suite:
-`kit_for` (obsspec/models/kit.py) asks `bases_mismatch` first and builds the kit only when it
+`kit_for` (obsspec/build.py) asks `bases_mismatch` first and builds the kit only when it
 names a reason, which the log shows.
 
 A bases folder is a kit folder (tokenizer/, policy/, world_model/, kit.json) plus `manifest.json`:

@@ -109,7 +109,8 @@ async def evaluate_val(recipe: Recipe, tasks_dir: str, *, policies: Sequence[str
     prefix for each policy's episodes (OUT.NAME.trajectories.jsonl, for a later `rollouts`).
     A missing `rollouts` file raises FileNotFoundError before any work. `paths`: the kit
     (KitPaths) to evaluate instead of the recipe's own."""
-    from obsspec.models.kit import kit_for, read_trajectories
+    from obsspec.build import kit_for
+    from obsspec.models.kit import read_trajectories
     from obsspec.models.tiny import load_pretrained
 
     display = display or NullDisplay()
@@ -147,7 +148,7 @@ async def evaluate_val(recipe: Recipe, tasks_dir: str, *, policies: Sequence[str
                 recorded[f"rollouts_{_slug(path)}"] = [Trajectory.from_dict(json.loads(line)) for line in f
                                                        if line.strip()]
         snapshots = None
-        builder = workspace_snapshots(fmt, recipe)
+        builder = workspace_snapshots(fmt, recipe.world_model, recipe.sandbox)
         if builder is not None:  # the prefix the rollout's drafts have, for the tasks judged only
             ids = {r["task_id"] for r in rows} | {tr.task_id for trs in recorded.values() for tr in trs}
             snapshots = await builder.table([t for t in load_tasks(tasks_dir) if t.task_id in ids])

@@ -1,6 +1,6 @@
 """`ensure_kit`: build the tiny local models once, then reuse them from a cache.
 
-    paths = kit_for(recipe, "runs/tasks", display)   # or ensure_kit(tasks_dir, cache, kit, sandbox, sampling)
+    paths = ensure_kit(tasks_dir, cache_dir, kit, sandbox, sampling)   # a recipe's: obsspec.build.kit_for
     model, tokenizer = load_pretrained(paths.policy)
 
 Run: python -m obsspec.models.kit TASKS_DIR [kit.key=value ...] [--recipe recipes/tiny-cpu.yaml]
@@ -143,30 +143,10 @@ def _sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def kit_for(recipe, tasks_dir: str, display: Display | None = None, cache_dir: str | None = None) -> KitPaths:
-    """The kit a recipe uses: its `kit.bases` when they were built for this suite
-    (obsspec/models/bases.py), else `ensure_kit` with its sections: its policy's sampling for the
-    kit's rollouts, and its world model's snapshot budget when that model is the kit's."""
-    from obsspec.rollout.config import sampling
-
-    wm = recipe.world_model
-    snapshot_tokens = wm.snapshot_budget if wm.model == "tiny" else 0
-    hint_tokens = wm.hint_tokens if wm.model == "tiny" else 0
-    display = display or NullDisplay()
-    if recipe.kit.bases:
-        from obsspec.models.bases import bases_dir, bases_mismatch, read_manifest
-
-        root = bases_dir(recipe.kit.bases)
-        why = bases_mismatch(read_manifest(root), tasks_dir, snapshot_tokens, recipe.policy.max_context,
-                             hint_tokens)
-        if why is None:
-            display.log(f"tiny models: the pretrained bases at {root}")
-            return KitPaths.under(root)
-        display.log(f"tiny models: the pretrained bases at {root} do not fit this recipe ({why}): "
-                    "building the kit")
-    return ensure_kit(tasks_dir, recipe.rollout.kit_cache if cache_dir is None else cache_dir, recipe.kit,
-                      recipe.sandbox, sampling(recipe.policy, recipe.rollout.seed), display,
-                      snapshot_tokens=snapshot_tokens, hint_tokens=hint_tokens)
+def workspace_tokens(wm) -> tuple[int, int]:
+    """(snapshot_tokens, hint_tokens) a kit's world model learns with, for the world_model section
+    `wm`: its snapshot budget and hint tokens when that model is the kit's ('tiny'), else 0."""
+    return (wm.snapshot_budget, wm.hint_tokens) if wm.model == "tiny" else (0, 0)
 
 
 def ensure_kit(tasks_dir: str, cache_dir: str, cfg: KitConfig, sandbox: SandboxConfig,
@@ -487,6 +467,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from obsspec.config import load_recipe
     from obsspec.progress import make_display
+    from obsspec.rollout.config import sampling
 
     p = argparse.ArgumentParser(prog="python -m obsspec.models.kit", description=__doc__.split("\n")[0])
     p.add_argument("tasks_dir", help="a prepared task suite (obsspec prepare-tasks --out DIR)")
@@ -496,7 +477,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--display", default="auto", choices=["auto", "rich", "plain", "none"])
     args = p.parse_args(argv)
     recipe = load_recipe(args.recipe, args.overrides)
-    paths = kit_for(recipe, args.tasks_dir, make_display(args.display), cache_dir=args.cache)
+    snapshot_tokens, hint_tokens = workspace_tokens(recipe.world_model)
+    paths = ensure_kit(args.tasks_dir, args.cache, recipe.kit, recipe.sandbox,
+                       sampling(recipe.policy, recipe.rollout.seed), make_display(args.display),
+                       snapshot_tokens=snapshot_tokens, hint_tokens=hint_tokens)
     print(json.dumps({**dataclasses.asdict(paths), "report": paths.read_report()}, indent=2))
 
 

@@ -91,15 +91,18 @@ class Worker:
 
 
 class CoTrainer:
-    def __init__(self, recipe, base_path: str, engine, predictor, out_dir: str, display,
-                 initial: str | None = None):
-        """`initial`: the adapter the run started with (`world_model.adapter`), which the first
-        version continues from; None = the first version is a fresh adapter on the base."""
+    def __init__(self, wm_train, train, base_path: str, engine, predictor, out_dir: str, display,
+                 initial: str | None = None, gpu: str = ""):
+        """`wm_train`, `train`: the recipe's sections (the adapter's training; `cotrain_every`,
+        `cotrain_epochs`, `keep_adapter_versions`); `initial`: the adapter the run started with
+        (`world_model.adapter`), which the first version continues from, None = a fresh adapter on
+        the base; `gpu`: `servers.cotrain_gpu`, the worker's GPU ("" = the default device)."""
         from obsspec.worldmodel.adapters import AdapterStore
 
-        self.recipe, self.base_path, self.engine, self.initial = recipe, base_path, engine, initial
+        self.wm_train, self.train, self.gpu = wm_train, train, gpu
+        self.base_path, self.engine, self.initial = base_path, engine, initial
         self.predictor, self.display = predictor, display
-        self.every = recipe.train.cotrain_every
+        self.every = train.cotrain_every
         self.store = AdapterStore(os.path.join(out_dir, "world_model", "adapters"))
         self.checkpoints = os.path.join(out_dir, "checkpoints")
         self.work = os.path.join(out_dir, "world_model", "training")
@@ -117,7 +120,7 @@ class CoTrainer:
         snapshots = getattr(self.predictor, "snapshots", None)  # world_model.workspace_snapshot
         prefixes = snapshots.prefixes(result.trajectories) if snapshots is not None else None
         # an episode longer than wm_train.max_length trains in windows, each target whole
-        rows = trajectory_examples(result.trajectories, self.recipe.wm_train.max_length, prefixes, cut=True)
+        rows = trajectory_examples(result.trajectories, self.wm_train.max_length, prefixes, cut=True)
         if not rows:  # every call malformed (or every target too long): nothing real to learn from
             if self.display is not None:
                 served = f"v{self.version}" if self.version is not None else "the one loaded"
@@ -137,14 +140,13 @@ class CoTrainer:
     def start(self, step: int, rows_path: str) -> None:
         """Hand the worker one job: train the next version on `rows_path`."""
         out = os.path.join(self.work, f"step-{step:06d}.adapter")
-        cfg = dataclasses.replace(self.recipe.wm_train, epochs=self.recipe.train.cotrain_epochs, max_steps=0)
+        cfg = dataclasses.replace(self.wm_train, epochs=self.train.cotrain_epochs, max_steps=0)
         current = self.store.get(self.version) if self.version is not None else None
         job = {"rows": rows_path, "out": out, "config": dataclasses.asdict(cfg),
                "init": current.path if current is not None else self.initial}
         os.makedirs(self.work, exist_ok=True)
         if self._worker is None:
-            self._worker = Worker(self.base_path, os.path.join(self.work, "worker.log"),
-                                  self.recipe.servers.cotrain_gpu)
+            self._worker = Worker(self.base_path, os.path.join(self.work, "worker.log"), self.gpu)
         self._worker.submit(job)
         self._job = (step, out, time.monotonic())
 
@@ -172,7 +174,7 @@ class CoTrainer:
             _remove(out.removesuffix(".adapter") + ".rows.jsonl")
         self.last_stats = stats
         self._serve(version)
-        self.store.prune(self.recipe.train.keep_adapter_versions,
+        self.store.prune(self.train.keep_adapter_versions,
                          protect={self.version} | recorded_versions(self.checkpoints))
 
     def _serve(self, version) -> None:

@@ -97,7 +97,7 @@ def _build(recipe: Recipe, out_dir: str, state, live, display, train, val, polic
     speculative = t.speculative and recipe.rollout.predictor != "none"
     wm_engine = predictor = None
     if speculative:
-        wm_engine = world_model_engine(recipe, wm_path, tokenizer)
+        wm_engine = world_model_engine(recipe.world_model, wm_path, tokenizer)
         if adapter is not None:
             asyncio.run(wm_engine.load_adapter(adapter.name, adapter.path))
         predictor = world_model_predictor(recipe, fmt, wm_engine, adapter.name if adapter else None, t.seed)
@@ -106,7 +106,7 @@ def _build(recipe: Recipe, out_dir: str, state, live, display, train, val, polic
     settings = RolloutSettings(
         sampling=sampling(recipe.policy, t.seed), cap=recipe.sandbox.output_cap,
         speculative=speculative, depth=recipe.rollout.depth, episodes_per_step=t.episodes_per_step,
-        make_tool=tool_factory(recipe, None),
+        make_tool=tool_factory(recipe.sandbox, recipe.rollout.latency),
         concurrency=recipe.rollout.concurrency, busy_limit=recipe.rollout.busy_limit,
         gate=make_gate(recipe.rollout), paired=t.measure_speculation)
     by_id = {task.task_id: task for task in train}
@@ -124,8 +124,9 @@ def _build(recipe: Recipe, out_dir: str, state, live, display, train, val, polic
     if speculative and t.cotrain_every and state.is_main_process:
         from obsspec.training.cotrain import CoTrainer
 
-        cotrainer = CoTrainer(recipe, wm_path, wm_engine, _inner(predictor), out_dir, display,
-                              initial=adapter.path if adapter is not None else None)
+        cotrainer = CoTrainer(recipe.wm_train, t, wm_path, wm_engine, _inner(predictor), out_dir, display,
+                              initial=adapter.path if adapter is not None else None,
+                              gpu=recipe.servers.cotrain_gpu)
         rollouts.before_rollouts.append(cotrainer.before_rollouts)
         rollouts.after_rollouts.append(cotrainer.after_rollouts)
     return TrainingRun(recipe, out_dir, state, train, val, model, policy_engine, wm_engine, tokenizer,
@@ -231,7 +232,7 @@ class TrainingRun:
         # Success only: sequential episodes without emulated latency give the speculative run's
         # very tokens (lossless) in less time, and leave the history cache and spec metrics alone.
         settings = dataclasses.replace(self.rollouts.settings, speculative=False,
-                                       make_tool=tool_factory(self.recipe, None, latency=False))
+                                       make_tool=tool_factory(self.recipe.sandbox, None))
         result = self.rollouts.run(tasks, step=0, first_episode=EVAL_EPISODES, label=label,
                                    settings=settings, out=os.path.join(self.out_dir, "eval", name))
         scored = [tr.reward for tr in result.trajectories if not tr.infra_error]

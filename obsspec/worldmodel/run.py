@@ -23,8 +23,10 @@ import time
 
 from obsspec.config import Recipe, to_dict
 from obsspec.progress import Display, NullDisplay
+from obsspec.rollout.config import WorldModelConfig
 from obsspec.worldmodel import data
 from obsspec.worldmodel.adapters import AdapterStore, resolve_adapter
+from obsspec.worldmodel.config import WorldModelTrainConfig
 from obsspec.worldmodel.evaluate import evaluate_models, gain
 
 # Most held-out steps the evaluation drafts, spread over them: drafting is the slow part on a CPU,
@@ -37,7 +39,7 @@ def base_model_path(recipe: Recipe, display: Display) -> str:
     or hub name (any causal LM sharing the policy's tokenizer)."""
     if recipe.world_model.model != "tiny":
         return recipe.world_model.model
-    from obsspec.models.kit import kit_for
+    from obsspec.build import kit_for
 
     return kit_for(recipe, recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks"), display).world_model
 
@@ -74,7 +76,7 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
 
     model, tokenizer = load_pretrained(base_model_path(recipe, display), device=recipe.world_model.device)
     fmt = ChatFormat(tokenizer, **recipe.policy.chat_layout)
-    snapshots = workspace_snapshots(fmt, recipe)  # one builder: rows and cases share its snapshots
+    snapshots = workspace_snapshots(fmt, recipe.world_model, recipe.sandbox)  # one builder: rows and cases share its snapshots
     summary: dict = {"command": "train-worldmodel", "out_dir": out_dir, "data": sources,
                      "eval_on": eval_sources, "wm_train": to_dict(cfg)}
     os.makedirs(out_dir, exist_ok=True)
@@ -104,28 +106,30 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
         summary["train"] = stats
         summary["adapter"] = {"version": version.version, "name": version.name, "path": version.path}
         adapters[version.name] = version.path
-    summary["eval"] = evaluate(fmt, model, tokenizer, recipe, eval_sources, eval_episodes, adapters, display,
-                               snapshots, eval_tasks)
+    summary["eval"] = evaluate(fmt, model, tokenizer, cfg, recipe.world_model, recipe.sandbox.output_cap,
+                               eval_sources, eval_episodes, adapters, display, snapshots, eval_tasks)
     summary["sec"] = round(time.monotonic() - t0, 1)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     return summary
 
 
-def evaluate(fmt, model, tokenizer, recipe: Recipe, sources: list[str], episodes: list,
-             adapters: dict[str, str | None], display: Display, snapshots=None, tasks: dict | None = None) -> dict:
-    """Figures for the base and each adapter on the held-out steps of `episodes` (`snapshots`:
-    the run's snapshot builder, `obsspec.build.workspace_snapshots`, or None; `tasks`: the
-    sources' tasks, `data.source_tasks(sources)`, which the snapshots are taken from)."""
+def evaluate(fmt, model, tokenizer, cfg: WorldModelTrainConfig, wm: WorldModelConfig, cap: int, sources: list[str],
+             episodes: list, adapters: dict[str, str | None], display: Display, snapshots=None,
+             tasks: dict | None = None) -> dict:
+    """Figures for the base and each adapter on the held-out steps of `episodes` (`cfg`: the
+    wm_train section, which holds them out; `wm`: the world_model section, which drafts; `cap`:
+    `sandbox.output_cap`; `snapshots`: the run's snapshot builder,
+    `obsspec.build.workspace_snapshots`, or None; `tasks`: the sources' tasks,
+    `data.source_tasks(sources)`, which the snapshots are taken from)."""
     from obsspec.env.suite import spread
 
-    cfg = recipe.wm_train
     _, held = data.split_by_task(episodes, cfg.eval_fraction, cfg.seed)
     cases, duplicates = data.eval_cases(fmt, held, snapshot_table(snapshots, tasks, held))
     cases = spread(cases, min(EVAL_STEPS, len(cases)))
-    results = evaluate_models(model, tokenizer, cases, adapters, cap=recipe.sandbox.output_cap,
-                              max_tokens=cfg.eval_max_tokens or recipe.world_model.max_tokens,
-                              display=display, hf_options=recipe.world_model.hf_options) if cases else {}
+    results = evaluate_models(model, tokenizer, cases, adapters, cap=cap,
+                              max_tokens=cfg.eval_max_tokens or wm.max_tokens,
+                              display=display, hf_options=wm.hf_options) if cases else {}
     out = {"held_out_tasks": len({e.task_id for e in held}), "steps": len(cases),
            "duplicate_steps_removed": duplicates,
            "determinism_ceiling": data.determinism_ceiling(sources, held), "models": results}

@@ -112,7 +112,8 @@ async def _run_on(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live
                 predictor = predictor_for(recipe, fmt, wm_engine, episodes, source, adapter.name if adapter else None)
             # the first pass of each mode leaves the run's files; the later ones, their latencies
             batch = await run_episodes(
-                policy, fmt, episodes, tool_factory(recipe.sandbox, recipe.rollout.latency, recorded), settings, cap=recipe.sandbox.output_cap,
+                policy, fmt, episodes, tool_factory(recipe.sandbox, cfg.latency, recorded), settings,
+                cap=recipe.sandbox.output_cap,
                 speculative=m == "speculative", predictor=predictor, depth=cfg.depth, busy_limit=cfg.busy_limit,
                 gate=make_gate(cfg), concurrency=cfg.concurrency, out_dir=out_dir if first else "", live=live,
                 title=f"{m} rollout" + (f" ({k // 2 + 1} of {cfg.pairs} pairs)" if mode == "both" else ""))

@@ -60,12 +60,16 @@ demo: install
 # Fast unit tests and the integration tests (real sandboxes and containers, real CLI, tiny local
 # models, a real vLLM server, a Ray cluster of this machine: OBSSPEC_REQUIRE_VLLM=1,
 # OBSSPEC_REQUIRE_PODMAN=1 and OBSSPEC_REQUIRE_RAY=1 make their absence a failure, not a skip).
+# Two pytest workers (TEST_WORKERS; 0 = one process), each taking whole files (tests/conftest.py):
+# half the tests wait on processes, sandboxes and servers, so two share 2 cores well.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 test: install install-vllm install-podman
-	OBSSPEC_REQUIRE_VLLM=1 OBSSPEC_REQUIRE_PODMAN=1 OBSSPEC_REQUIRE_RAY=1 $(BIN)/python -m pytest -q --durations=15 -m "not gpu" tests
+	OBSSPEC_REQUIRE_VLLM=1 OBSSPEC_REQUIRE_PODMAN=1 OBSSPEC_REQUIRE_RAY=1 $(BIN)/python -m pytest -q $(XDIST) --durations=15 -m "not gpu" tests
 
-# The developer's loop: everything but the slow tier (tests/conftest.py), in under a minute.
+# The developer's loop: everything but the slow tier (tests/conftest.py).
 test-fast: install
-	$(BIN)/python -m pytest -q --durations=5 -m "not gpu and not slow" tests
+	$(BIN)/python -m pytest -q $(XDIST) --durations=5 -m "not gpu and not slow" tests
 
 bench: install
 	$(BIN)/python bench/sandbox_overhead.py

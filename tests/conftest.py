@@ -1,6 +1,8 @@
-"""Test tiers. `make test` runs everything but `gpu`; `make test-fast` (under a minute on 2
-cores) also leaves out what is marked `slow` here: the CLI end-to-end files, the container and Ray
+"""Test tiers. `make test` runs everything but `gpu`; `make test-fast` (about 75 s on 2 cores)
+also leaves out what is marked `slow` here: the CLI end-to-end files, the container and Ray
 cases of the backend suites, and every test that took a second or more on 2 cores. Add a test here when `make test`'s slowest list shows it."""
+
+import re
 
 import pytest
 
@@ -103,6 +105,36 @@ SLOW_TESTS = {
 }
 
 
+# `make test` runs two pytest workers (pytest-xdist, `-n 2`), which take whole groups: a file's tests
+# stay in one worker (its module fixtures are built once), and every test that starts containers or
+# uses the Ray cluster runs in one group, so the session's podman base image, its check that no
+# container is left behind, and the Ray cluster are one worker's alone. The longest groups go first,
+# so that neither worker is left alone with one at the end.
+CONTAINER_FILES = {"test_podman.py", "test_dockerfile.py", "test_harbor_semantics.py", "test_harbor_trust.py",
+                   "test_ray.py"}
+LONGEST_FIRST = ["containers", "test_training_cli.py", "test_vllm_real.py", "test_learning.py", "test_export.py",
+                 "test_rollout_cli.py", "test_rollout.py", "test_gpu_check.py", "test_sandbox_trust.py"]
+
+
+def xdist_group(nodeid: str) -> str:
+    file = nodeid.split("::")[0].rsplit("/", 1)[-1]
+    if file in CONTAINER_FILES or re.search(r"\[(podman|ray)[-\]]", nodeid):
+        return "containers"
+    return file
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    config.option.loadscopereorder = False  # (the order below: longest first)
+    return ByGroup(config, log)
+
+
+@pytest.hookimpl(wrapper=True)  # (before -m picks the tier)
 def pytest_collection_modifyitems(items):
     for item in items:
         name = f"{item.path.name}::{item.originalname}"
@@ -110,6 +142,9 @@ def pytest_collection_modifyitems(items):
         remote = getattr(item, "callspec", None) is not None and item.callspec.params.get("sandbox_backend") in ("podman", "ray")
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration") or remote:
             item.add_marker(pytest.mark.slow)
+    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(xdist_group(item.nodeid), len(rank)))  # (stable: files stay whole)
+    return (yield)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 
@@ -266,7 +267,10 @@ def test_two_processes_on_cpu(root, run):
     launcher = os.path.join(os.path.dirname(sys.executable), "torchrun")
     out = root / "two"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([launcher, "--nproc_per_node", "2", "-m", "obsspec", "train",
+    with socket.socket() as s:  # (not torchrun's fixed default: another test may be training beside this one)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([launcher, "--nproc_per_node", "2", "--master_port", str(port), "-m", "obsspec", "train",
                         *common(root), "train.steps=1", "train.eval_tasks=0", "--out", str(out),
                         "--display", "none"], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-4000:]

@@ -60,16 +60,18 @@ demo: install
 # Fast unit tests and the integration tests (real sandboxes and containers, real CLI, tiny local
 # models, a real vLLM server, a Ray cluster of this machine: OBSSPEC_REQUIRE_VLLM=1,
 # OBSSPEC_REQUIRE_PODMAN=1 and OBSSPEC_REQUIRE_RAY=1 make their absence a failure, not a skip).
-# Two pytest workers (TEST_WORKERS; 0 = one process), each taking whole files (tests/conftest.py):
-# half the tests wait on processes, sandboxes and servers, so two share 2 cores well.
-TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
+# One process by default; TEST_WORKERS=2 runs two pytest workers that take whole files
+# (tests/conftest.py): 20 min instead of 32 on 2 cores, but twice the load on the tests that time
+# commands in sandboxes beside busy neighbours (a container episode was seen to differ once).
+TEST_WORKERS ?= 0
+xdist = $(if $(filter 0,$(1)),,-n $(1))
 test: install install-vllm install-podman
-	OBSSPEC_REQUIRE_VLLM=1 OBSSPEC_REQUIRE_PODMAN=1 OBSSPEC_REQUIRE_RAY=1 $(BIN)/python -m pytest -q $(XDIST) --durations=15 -m "not gpu" tests
+	OBSSPEC_REQUIRE_VLLM=1 OBSSPEC_REQUIRE_PODMAN=1 OBSSPEC_REQUIRE_RAY=1 $(BIN)/python -m pytest -q $(call xdist,$(TEST_WORKERS)) --durations=15 -m "not gpu" tests
 
-# The developer's loop: everything but the slow tier (tests/conftest.py).
+# The developer's loop: everything but the slow tier (tests/conftest.py), in two workers (FAST_WORKERS).
+FAST_WORKERS ?= 2
 test-fast: install
-	$(BIN)/python -m pytest -q $(XDIST) --durations=5 -m "not gpu and not slow" tests
+	$(BIN)/python -m pytest -q $(call xdist,$(FAST_WORKERS)) --durations=5 -m "not gpu and not slow" tests
 
 bench: install
 	$(BIN)/python bench/sandbox_overhead.py

@@ -2,6 +2,7 @@
 also leaves out what is marked `slow` here: the CLI end-to-end files, the container and Ray
 cases of the backend suites, and every test that took a second or more on 2 cores. Add a test here when `make test`'s slowest list shows it."""
 
+import os
 import re
 
 import pytest
@@ -105,7 +106,7 @@ SLOW_TESTS = {
 }
 
 
-# `make test` runs two pytest workers (pytest-xdist, `-n 2`), which take whole groups: a file's tests
+# `make test TEST_WORKERS=2` and `make test-fast` run two pytest workers (pytest-xdist), which take whole groups: a file's tests
 # stay in one worker (its module fixtures are built once), and every test that starts containers or
 # uses the Ray cluster runs in one group, so the session's podman base image, its check that no
 # container is left behind, and the Ray cluster are one worker's alone. The longest groups go first,
@@ -142,8 +143,9 @@ def pytest_collection_modifyitems(items):
         remote = getattr(item, "callspec", None) is not None and item.callspec.params.get("sandbox_backend") in ("podman", "ray")
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration") or remote:
             item.add_marker(pytest.mark.slow)
-    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(xdist_group(item.nodeid), len(rank)))  # (stable: files stay whole)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # (one process keeps the files' order)
+        rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(xdist_group(item.nodeid), len(rank)))  # (stable: files stay whole)
     return (yield)
 
 

@@ -264,7 +264,10 @@ def test_reward_json_partial_credit_reaches_the_sandbox():
 def test_prepare_tasks_drops_or_flags_what_a_cheap_cheat_passes(tmp_path):
     """The audit (obsspec/env/audit.py) on sum-scores as it shipped (its grader read the
     agent's /app/scores.csv): placeholder answers (`0` in every file its tests name) pass it.
-    Dropped by default, kept and named with `cheat_audit: flag`; the fixed task passes none."""
+    Dropped by default, kept and named with `cheat_audit: flag`; the fixed task passes none.
+    A task whose deliverable is a program (its output checked against a fixed value) passes
+    `failed-run` honestly: the reference writes the same program whatever the inputs held. That
+    is flagged, never dropped."""
     from obsspec.env.audit import cheat_commands
     from obsspec.env.suite import TasksConfig, prepare_tasks
     from obsspec.progress import NullDisplay
@@ -274,16 +277,24 @@ def test_prepare_tasks_drops_or_flags_what_a_cheap_cheat_passes(tmp_path):
     shutil.copytree(GOOD / "sum-scores", src / "old-sum-scores")
     toml = src / "old-sum-scores" / "task.toml"
     toml.write_text(toml.read_text().replace("/tests/scores.csv", "/app/scores.csv"))
-    assert sorted(cheat_commands(import_harbor(src).tasks[0])) == ["delete-inputs", "empty-inputs", "failed-run", "placeholder"]
+    make_task(src, "count-program", **{
+        "instruction.md": "Write /app/count.sh, a script that prints how many lines /app/data.txt has.\n",
+        "environment__data.txt": "a\nb\nc\n",
+        "solution__solve.sh": "printf '#!/bin/bash\\nwc -l < /app/data.txt\\n' > /app/count.sh\n",
+        "tests__test.sh": "[ \"$(bash /app/count.sh)\" = 3 ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"})
+    assert sorted(cheat_commands(import_harbor(src).tasks[1])) == ["delete-inputs", "empty-inputs", "failed-run", "placeholder"]
     for mode in ("drop", "flag"):
         cfg = TasksConfig(builtin=False, harbor_dir=str(src), harbor_semantics="isolated", val_fraction=0.0,
                           determinism_check=False, workers=2, cheat_audit=mode)
         summary = asyncio.run(prepare_tasks(cfg, FAST, str(tmp_path / mode), NullDisplay()))
         manifest = json.loads((tmp_path / mode / "manifest.json").read_text())
-        assert manifest["cheats"] == {"audited": 2, "passed_by_a_cheat": 1,
-                                      "tasks": {"harbor-old-sum-scores": ["placeholder"]}}, manifest["cheats"]
-        assert summary["cheat_passes_share"] == 0.5
-        assert summary["train"] == (1 if mode == "drop" else 2)
+        dropped = 1 if mode == "drop" else 0
+        assert manifest["cheats"] == {"audited": 3, "passed_by_a_cheat": 2, "dropped": dropped, "flagged": 2 - dropped,
+                                      "by_check": {"failed-run": 1, "placeholder": 1},
+                                      "tasks": {"harbor-count-program": ["failed-run"],
+                                                "harbor-old-sum-scores": ["placeholder"]}}, manifest["cheats"]
+        assert summary["cheat_passes_share"] == round(2 / 3, 3)
+        assert summary["train"] == 3 - dropped
     assert manifest["reasons"] == {}  # (flagged, not dropped)
 
 

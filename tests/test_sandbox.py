@@ -248,9 +248,10 @@ def test_verifier_reward_from_reward_file_and_exit_code():
             partial = await sb.verify(write, reward_file=True)
             not_harbor = await sb.verify(write + "; false")  # a built-in verifier: exit status only
             hidden = await sb.verify("cat /tests/check.txt", files={"check.txt": "ok"})
-            return by_exit, failed, partial, not_harbor, hidden
+            missing = await sb.verify("true", reward_file=True)  # no reward file: 0, not the exit status
+            return by_exit, failed, partial, not_harbor, hidden, missing
 
-    assert run(go()) == (1.0, 0.0, 0.25, 0.0, 1.0)
+    assert run(go()) == (1.0, 0.0, 0.25, 0.0, 1.0, 0.0)
 
 
 def test_missing_bwrap_is_a_clear_error(monkeypatch):

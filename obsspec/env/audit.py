@@ -4,7 +4,10 @@ A verifier written for a benchmark can trust what the agent may change: an input
 the expected answer from, an answer file it only checks exists. Such a task rewards a cheat, and
 RL finds cheats. Each cheat here needs no knowledge of the task beyond the paths its
 instruction and tests name; a task that one passes (reward 1) is dropped, or kept and flagged
-(`tasks.cheat_audit`), with the cheat's name in the manifest:
+(`tasks.cheat_audit`), with the cheat's name in the manifest. `failed-run` is only ever flagged
+(FLAG_ONLY): it runs the reference solution, so a task whose deliverable does not depend on its
+inputs (a program, a fixed configuration) passes it honestly, and an agent cannot use it without
+solving the task:
 
     empty-inputs       every file the instruction names, emptied
     delete-inputs      every file the instruction names, deleted
@@ -31,6 +34,7 @@ from obsspec.env.episode import run_scripted
 from obsspec.env.task import Task
 
 MODES = ("drop", "flag", "off")
+FLAG_ONLY = {"failed-run"}  # cheats that run the task's own solution: flagged, never dropped
 # (paths of the system, the verifier's own places and the harness's: never an input or answer)
 NOT_TASK_PATHS = ("/tests", "/logs", "/proc", "/dev", "/sys", "/usr", "/bin", "/sbin", "/lib",
                   "/lib64", "/etc", "/run", "/var/lib", "/opt/conda", "/root/.cache")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from obsspec import chat
-from obsspec.env import podman
+from obsspec.env import podman, semantics
 from obsspec.env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError, SandboxUnavailable
 from obsspec.env.task import Task
 
@@ -58,7 +58,8 @@ def task_environment(task: Task) -> podman.Environment | None:
     r = task.resources
     return podman.Environment(files=task.image_files, image=task.image, cpus=float(r.get("cpus", 0)),
                               memory_mb=int(r.get("memory_mb", 0)), storage_mb=int(r.get("storage_mb", 0)),
-                              internet=bool(r.get("internet", False)), semantics=task.semantics)
+                              internet=bool(r.get("internet", False)), semantics=task.semantics,
+                              etc_named=semantics.etc_named("\n".join([task.verify, *task.verify_files.values()])))
 
 
 def open_sandbox(config: SandboxConfig, workdir: str = "/app", environment: podman.Environment | None = None):

@@ -33,7 +33,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from obsspec.env import seccomp
+from obsspec.env import seccomp, semantics
 from obsspec.env.bwrap import HARNESS_TMPFS_MB, SHM_MB, STATE_DIR, script
 
 LABEL = "obsspec.episode"
@@ -63,6 +63,7 @@ class Environment:
     storage_mb: int = 0
     internet: bool = False
     semantics: str = ""  # obsspec/env/semantics.py ('' = isolated)
+    etc_named: tuple[str, ...] = ()  # /etc settings the task's tests name (semantics.etc_named)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,7 +284,7 @@ def harbor_argv(config, workdir: str, image: str, environment: Environment, name
     memory_mb = environment.memory_mb or config.memory_mb
     # The agent's writes are a tmpfs charged to the container's memory: filled, it must leave the
     # harness (PID 1, the relay, the janitor, the verifier) room to work, so it is capped there.
-    storage_mb = fit_tmpfs({"upper": environment.storage_mb or config.workspace_mb}, memory_mb)["upper"]
+    storage_mb = harbor_tmpfs(config, environment)["upper"]
 
     def tmpfs(path: str, mb: int, mode: str = "0755") -> list[str]:
         return ["--tmpfs", f"{path}:rw,exec,suid,nodev,size={mb}m,mode={mode}"]
@@ -307,15 +308,24 @@ def harbor_argv(config, workdir: str, image: str, environment: Environment, name
     return out + [image, "--noprofile", "--norc", "-c", script]
 
 
-def harbor_env(config, workdir: str, image: dict, internet: bool) -> dict[str, str]:
+def harbor_tmpfs(config, environment: Environment) -> dict[str, int]:
+    """MiB of the agent's tmpfs mounts under Harbor semantics: its writes (`upper`, the task's
+    storage) and its /dev/shm, fitted in the container's memory together."""
+    memory_mb = environment.memory_mb or config.memory_mb
+    return fit_tmpfs({"upper": environment.storage_mb or config.workspace_mb, "shm": SHM_MB}, memory_mb)
+
+
+def harbor_env(config, workdir: str, image: dict, environment: Environment) -> dict[str, str]:
     """PID 1's environment for Harbor semantics (what podman adds to the image's own `ENV`): the
-    scripts it runs, the limits, and what `docker run` would do with the image (`image`:
-    images.image_config)."""
+    scripts it runs, the limits, the /etc settings the verifier takes from the image, and what
+    `docker run` would do with the image (`image`: images.image_config)."""
+    pristine = [e for e in semantics.ETC_PRISTINE if e not in environment.etc_named]
     env = {"OBSSPEC_WORKDIR": workdir, "OBSSPEC_STATE_DIR": STATE_DIR,
+           "OBSSPEC_ETC_PRISTINE": ",".join(pristine), "OBSSPEC_SHM_MB": str(harbor_tmpfs(config, environment)["shm"]),
            "OBSSPEC_MAX_PROCS": str(config.max_procs), "OBSSPEC_HARNESS_PROCS": str(config.max_procs + HARNESS_PROCS),
            "OBSSPEC_USER": image["user"], "OBSSPEC_IMAGE_WORKDIR": image["workdir"],
            "OBSSPEC_ENTRYPOINT": shlex.join(image["entrypoint"] + image["cmd"]),
-           "OBSSPEC_INTERNET": "1" if internet else "0",
+           "OBSSPEC_INTERNET": "1" if environment.internet else "0",
            # (the runner's: no pinned clock, no preloaded library)
            "OBSSPEC_DETERMINISTIC": "0", "OBSSPEC_FAKETIME_LIB": "", "OBSSPEC_STDBUF_LIB": ""}
     env.update({f"OBSSPEC_{name.upper()}": script(f"{name}.{ext}") for name, ext in

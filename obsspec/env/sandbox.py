@@ -304,7 +304,7 @@ class Sandbox:
                                           size=bwrap.HOST_RANGE_SIZE)
             except OSError as e:
                 raise SandboxUnavailable(f"cannot give the container a host uid range of its own: {e}") from None
-        env = podman.harbor_env(cfg, self.workdir, config, environment.internet)
+        env = podman.harbor_env(cfg, self.workdir, config, environment)
         self.container = podman.container_name()
         return podman.harbor_argv(cfg, self.workdir, image, environment, self.container, env,
                                   bwrap.script("supervisor_harbor.sh"), self._uid and self._uid.uid)
@@ -385,7 +385,9 @@ class Sandbox:
             written = await self._request("reward", b"", clock, RESET_TIMEOUT_S if harbor else 30)
             if written.exit_code == TAMPERED:
                 return 0.0
-            if reward_file and written.exit_code == 0:
+            if reward_file:  # (no reward file, or an unreadable one, is 0 whatever test.sh exited with)
+                if written.exit_code != 0:
+                    return 0.0
                 try:
                     value = float(written.output.decode("ascii", "replace").strip())
                 except ValueError:

@@ -17,6 +17,8 @@ What `harbor` gives up against `isolated`, and what it keeps, is `GIVES_UP` and 
 
 from __future__ import annotations
 
+import re
+
 ISOLATED = "isolated"
 HARBOR = "harbor"
 NAMES = (ISOLATED, HARBOR)
@@ -56,6 +58,35 @@ KEEPS = (
     "a task whose service is down because the agent never started it scores 0, not an "
     "infrastructure error",
 )
+
+
+# /etc entries whose content makes a program load, run or fetch code. Under Harbor semantics the
+# verifier takes them from the image, whatever the agent wrote there (scripts/world.py), unless
+# the task's tests name the entry (then it is the task's subject: etc_named). '*' ends a prefix.
+ETC_PRISTINE = (
+    "ld.so.preload", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",  # the dynamic loader
+    "alternatives",                                                 # what /usr/bin/awk & co. are
+    "nsswitch.conf",            # glibc's NSS: a service name is a library path (relative ones too)
+    "python3*", "perl", "php*", "java*",  # interpreters' startup and module paths, providers
+    "ssl", "pki",               # OpenSSL's configuration (provider and engine libraries), CA stores
+    "gitconfig",                # core.fsmonitor, hooks, filters: programs git runs
+    "apt", "dpkg",              # hooks apt and dpkg run (a verifier that installs its runner)
+    "ssh",                      # ProxyCommand, LocalCommand
+    "sudo.conf", "sudoers", "sudoers.d", "pam.d", "pam.conf", "security", "environment",  # su, sudo
+    "profile", "profile.d", "bash.bashrc", "inputrc",  # login and interactive shells
+    "pip.conf", "uv", "xdg", "npmrc", "gemrc",          # where packages come from
+)
+
+
+def etc_named(tests: str) -> tuple[str, ...]:
+    """The ETC_PRISTINE entries a task's tests name as /etc/NAME: the task asks the agent for
+    them, so its verifier reads the agent's."""
+    found = []
+    for entry in ETC_PRISTINE:
+        stem = re.escape(entry.rstrip("*"))
+        if re.search(rf"/etc/{stem}" + ("" if entry.endswith("*") else r"(?![\w.-])"), tests):
+            found.append(entry)
+    return tuple(found)
 
 
 def check(name: str) -> str:

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from obsspec.env.audit import MODES, audit
+from obsspec.env.audit import FLAG_ONLY, MODES, audit
 from obsspec.env.episode import EpisodeRecord, preflight, run_scripted
 from obsspec.env.families import all_families
 from obsspec.env.images import ImageUnavailable
@@ -178,8 +178,9 @@ async def validate_task(task: Task, config: SandboxConfig, determinism: bool, ch
         v.problem, v.kind = "a do-nothing episode passes the verifier", "do-nothing-passes"
     if cheat_audit != "off" and task.source.startswith("harbor:") and not v.problem:
         v.cheats = await audit(task, config)
-        if v.cheats and cheat_audit == "drop":
-            v.problem, v.kind = f"a cheap cheat passes the verifier: {', '.join(v.cheats)}", "cheat-passes"
+        exploits = [c for c in v.cheats if c not in FLAG_ONLY]
+        if exploits and cheat_audit == "drop":
+            v.problem, v.kind = f"a cheap cheat passes the verifier: {', '.join(exploits)}", "cheat-passes"
     if determinism and not v.problem:
         v.repeat = await run_scripted(task, task.solution, config, verify=False)
         for i, (a, b) in enumerate(zip(v.reference.steps, v.repeat.steps)):
@@ -321,8 +322,11 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
         "semantics": dict(sorted(Counter(t.semantics or ISOLATED for t in train + val).items())),
         "reasons": dict(reasons.most_common()),
         "dropped": dropped, "skipped_imports": skipped_imports,
-        # imported tasks a cheap cheat passes (dropped, or kept with `cheat_audit: flag`)
+        # imported tasks a cheap cheat passes (dropped, or kept with `cheat_audit: flag`), and by check
         "cheats": {"audited": len(audited), "passed_by_a_cheat": sum(bool(v.cheats) for v in audited),
+                   "dropped": sum(v.kind == "cheat-passes" for v in audited),
+                   "flagged": sum(bool(v.cheats) and v.kind != "cheat-passes" for v in audited),
+                   "by_check": dict(sorted(Counter(c for v in audited for c in v.cheats or []).items())),
                    "tasks": {v.task.task_id: v.cheats for v in audited if v.cheats}},
         "sha256": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in files.items()},
     }

@@ -144,9 +144,12 @@ class Task:
 
     @property
     def reward_file(self) -> bool:
-        """Does the verifier report through /logs/verifier/reward.txt (Harbor's convention)?
-        Built-in verifiers report by exit status only."""
-        return self.source.startswith("harbor:")
+        """Does the verifier report through /logs/verifier/reward.txt (Harbor's convention: its
+        tests name reward.txt or reward.json)? Then no reward file is 0, whatever test.sh exited
+        with: code of the agent's that the tests ran could have removed it. Built-in verifiers,
+        and imported tests that never name the file, report by exit status."""
+        return self.source.startswith("harbor:") and any(
+            "reward.txt" in text or "reward.json" in text for text in self.verify_files.values())
 
     def content_hash(self) -> str:
         """sha256 of the canonical JSON form: equal hashes mean equal tasks."""

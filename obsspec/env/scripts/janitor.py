@@ -30,13 +30,15 @@
 # Usage (stdin: the NUL-separated paths / held before the agent's first command):
 #   python3 -I -c "$OBSSPEC_JANITOR" sandboxed|container|host TESTS LOGS STATE WORKDIR HOME
 # (container: sandboxed in a podman container, whose / is read-only: nothing there to sweep)
-#   python3 -I -c "$OBSSPEC_JANITOR" harbor UPPER ROOT before|after
+#   python3 -I -c "$OBSSPEC_JANITOR" harbor UPPER ROOT before|after [WORK]
 # (Harbor semantics: the agent owns its whole root ROOT, an overlay whose upper dir UPPER holds
 # everything it changed; the verifier's /tests and /logs are its own, out of the agent's sight.
 # Only the links remain to undo: every link the agent made that leads the verifier into /tests,
-# /logs or /proc (also through /dev/fd, /dev/stdin) is removed, resolved as the verifier's view
-# resolves it, with ROOT as its /. Agent processes live on while the verifier runs, so the sweep
-# runs again `after` it: a link found then was made meanwhile, and the episode scores 0.)
+# /logs or /proc (also through /dev/fd, /dev/stdin) is removed, resolved in the verifier's view
+# (class View: its /dev, /sys, system directories and /etc settings are not the agent's). Agent
+# processes live on while the verifier runs, so the sweep runs again `after` it: a link found
+# then was made meanwhile, and the episode scores 0; else the reward file under WORK is printed,
+# read without following links (exit 3: there is none).)
 
 import errno
 import fcntl
@@ -252,99 +254,209 @@ def sweep_root(original: set[str]) -> None:
                 pending.append(path)
 
 
+# ---------------------------------------------------------------------------------------------
+# Harbor semantics: links resolved in the verifier's view (scripts/world.py `verifier` builds it)
+
 FORBIDDEN_TOP = {"tests", "logs", "proc"}  # in the verifier's view: its own files, and /proc
 FORBIDDEN_DEV = {"fd", "stdin", "stdout", "stderr"}  # /dev entries that lead into /proc
+# What world.py's verifier puts at its / other than the agent's own entries (kept in step with it)
+SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+NOT_CARRIED = {"pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "conftest.py"}
+DEV = {"null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm"} | FORBIDDEN_DEV
+ETC_PRISTINE = tuple(n for n in os.environ.get("OBSSPEC_ETC_PRISTINE", "").split(",") if n)
 
 
-def reaches_in(here_fd: int, name: str, root_fd: int) -> bool:
-    """Does following symlink `name` (in directory here_fd) in a view whose / is root_fd pass
-    through a forbidden top-level name? Resolved a component and a link at a time, as the
-    kernel resolves it in that view ('..' at its / stays there)."""
-    root = os.fstat(root_fd)
-    is_root = lambda fd: (lambda st: (st.st_dev, st.st_ino) == (root.st_dev, root.st_ino))(os.fstat(fd))  # noqa: E731
-    here = os.dup(here_fd)
-    parent_is_root = False  # are we in <root>/dev? (its fd, stdin, ... lead into /proc)
-    todo = [name]
-    hops = 0
-    try:
-        while todo:
-            tick()
-            part = todo.pop()
-            if part in ("", "."):
-                continue
-            at_root = is_root(here)
-            if part == "..":
-                if not at_root:
-                    step = os.open("..", os.O_PATH | os.O_DIRECTORY, dir_fd=here)
-                    os.close(here)
-                    here = step
-                parent_is_root = False
-                continue
-            if (at_root and part in FORBIDDEN_TOP) or (parent_is_root and part in FORBIDDEN_DEV):
-                return True
-            st = os.stat(part, dir_fd=here, follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                hops += 1
-                if hops > MAX_HOPS:
-                    return False
-                target = os.readlink(part, dir_fd=here)
-                todo.extend(reversed(target.split("/")))
-                if target.startswith("/"):
-                    os.close(here)
-                    here = os.dup(root_fd)
-                    parent_is_root = False
-            elif stat.S_ISDIR(st.st_mode):
-                step = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=here)
-                os.close(here)
-                here = step
-                parent_is_root = at_root and part == "dev"
-            elif any(p not in ("", ".") for p in todo):
-                return False
-        return False
-    except (FileNotFoundError, NotADirectoryError):
-        # (a dead end here may not be one in the verifier's view, whose /dev, /proc, /tests and
-        # /logs are its own: those names are checked before they are looked up)
-        return False
-    except OSError as e:
-        return e.errno != errno.ELOOP
-    finally:
-        os.close(here)
+def pristine_etc(name: str) -> bool:
+    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in ETC_PRISTINE)
 
 
-def harbor(upper: str, root: str, when: str = "before") -> None:
-    """Remove every link under UPPER (what the agent made) that reaches_in() its root; the
-    link is removed through ROOT, the agent's merged view, at the same place. `after` the
-    verifier, finding one is itself the problem: a live agent process made it while the
-    verifier ran (it may have read its own file through it)."""
-    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+class LeadsIn(Exception):
+    """A link's path reached a forbidden place of the verifier's view."""
+
+
+class View:
+    """The verifier's view of the agent's files, for resolving a link as the verifier will: at
+    its /, `tests`, `logs` and `proc` are forbidden; `dev` is a fresh /dev whose fd, stdin, stdout
+    and stderr lead into /proc; `sys` and the system directories are the container's (the
+    image's: not what the agent made of them); /etc is the agent's but for the settings the image
+    keeps; pytest's configuration files at / are not there; every other name is ROOT's.
+
+    A place is a stack of (directory handle, tag) from the view's /: `..` pops it, as the kernel
+    takes `..` to the parent of the directory it came down from (a stack entry is only ever the
+    child of the one below it)."""
+
+    def __init__(self, root: str):
+        self.root = os.open(root, os.O_PATH | os.O_DIRECTORY)
+        self.image = os.open("/", os.O_PATH | os.O_DIRECTORY)
+
+    def top(self) -> list:
+        return [(self.root, "/")]
+
+    def lookup(self, stack: list, part: str):
+        """(kind, value) of `part` in the directory on top of `stack`: ('dir', (fd, tag)) with a
+        new handle, ('link', target), ('other', None); FileNotFoundError when it is not there,
+        LeadsIn when it is a forbidden place."""
+        fd, tag = stack[-1]
+        base = fd
+        if tag == "/":
+            if part in FORBIDDEN_TOP:
+                raise LeadsIn
+            if part in NOT_CARRIED:
+                raise FileNotFoundError(part)
+            if part in ("dev", "sys") or part in SYSTEM:
+                base = self.image
+            elif part == "etc":
+                try:
+                    etc = os.open("etc", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.root)
+                except OSError:
+                    etc = -1
+                return "dir", (etc, "etc")  # (always a directory in the view)
+        elif tag == "etc":
+            base = self.image if pristine_etc(part) else fd
+        elif tag == "dev":
+            if part in FORBIDDEN_DEV:
+                raise LeadsIn
+            if part not in DEV:
+                raise FileNotFoundError(part)
+        if base < 0:
+            raise FileNotFoundError(part)
+        name = f"etc/{part}" if tag == "etc" and base == self.image else part
+        st = os.stat(name, dir_fd=base, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            return "link", os.readlink(name, dir_fd=base)
+        if stat.S_ISDIR(st.st_mode):
+            child = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=base)
+            return "dir", (child, "dev" if tag == "/" and part == "dev" else "")
+        return "other", None
+
+    def reaches(self, base: list, name: str) -> bool:
+        """Does following link `name` (in the directory on top of `base`) pass through a
+        forbidden place of the view? Resolved a component and a link at a time, as the kernel
+        resolves it there. A dead end followed by `..` counts as reaching: what is missing now
+        (a directory the agent removed, or will make) must not decide it."""
+        stack = list(base)
+        owned: list[int] = []  # handles opened here (the base's belong to the caller)
+        todo = [name]
+        hops = 0
+
+        def drop(entry) -> None:
+            if entry[0] in owned:
+                owned.remove(entry[0])
+                if entry[0] >= 0:
+                    os.close(entry[0])
+
+        try:
+            while todo:
+                tick()
+                part = todo.pop()
+                if part in ("", "."):
+                    continue
+                if part == "..":
+                    if len(stack) > 1:
+                        drop(stack.pop())
+                    continue
+                try:
+                    kind, value = self.lookup(stack, part)
+                except (FileNotFoundError, NotADirectoryError):
+                    return ".." in todo
+                if kind == "link":
+                    hops += 1
+                    if hops > MAX_HOPS:
+                        return False  # the kernel gives up too: it leads nowhere
+                    todo.extend(reversed(value.split("/")))
+                    if value.startswith("/"):
+                        while len(stack) > 1:
+                            drop(stack.pop())
+                elif kind == "dir":
+                    owned.append(value[0])
+                    stack.append(value)
+                elif any(p not in ("", ".") for p in todo):
+                    return False  # a file in the middle of a path: ENOTDIR for the verifier too
+            return False
+        except LeadsIn:
+            return True
+        except OSError as e:  # (ELOOP: the kernel gives up too; anything else: the link goes)
+            return e.errno != errno.ELOOP
+        finally:
+            for fd in owned:
+                if fd >= 0:
+                    os.close(fd)
+
+
+def harbor(upper: str, root: str, when: str = "before", work: str = "") -> int:
+    """Remove every link under UPPER (what the agent made) that the verifier's view would follow
+    into a forbidden place (View.reaches); the link is removed through ROOT, the agent's merged
+    view, at the same place. Links the verifier cannot see (under the image's system directories,
+    the /etc settings the image keeps) are left alone. `after` the verifier, finding one is itself
+    the problem: an agent process made it while the verifier ran (it may have read its own file
+    through it); then the reward the verifier wrote is printed (reward())."""
+    view = View(root)
     os.chdir(upper)
     dev = os.lstat(".").st_dev
     listings = [iter(os.listdir("."))]
-    merged = [os.dup(root_fd)]  # per level: the same directory in the merged view
+    stack = view.top()  # the same directories in the view
     while listings:
         tick()
         child = next(listings[-1], None)
         if child is None:
             listings.pop()
-            os.close(merged.pop())
+            if len(stack) > 1:
+                fd = stack.pop()[0]
+                if fd >= 0:
+                    os.close(fd)
             if listings:
                 os.chdir("..")
             continue
+        tag = stack[-1][1]
+        if (tag == "/" and (child in SYSTEM or child in NOT_CARRIED or child in FORBIDDEN_TOP
+                            or child in ("dev", "sys"))) or (tag == "etc" and pristine_etc(child)):
+            continue  # (not in the verifier's view)
         try:
             st = os.lstat(child)
             if stat.S_ISLNK(st.st_mode):
-                if reaches_in(merged[-1], child, root_fd):
-                    os.unlink(child, dir_fd=merged[-1])
+                if view.reaches(stack, child):
+                    os.unlink(child, dir_fd=stack[-1][0])
                     if when == "after":
                         problems.append(f"a link into the verifier's files appeared while it ran: {child}")
             elif stat.S_ISDIR(st.st_mode) and st.st_dev == dev:
-                step = os.open(child, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=merged[-1])
+                kind, entry = view.lookup(stack, child)
+                if kind != "dir" or entry[0] < 0:
+                    continue
                 os.chdir(child)
                 listings.append(iter(os.listdir(".")))
-                merged.append(step)
+                stack.append(entry)
         except OSError as e:  # (a live agent process removed or replaced it meanwhile: skipped)
             if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                 note(f"{root}/.../{child}", e)
+    if when == "after" and work and not problems:
+        return reward(work)
+    return 0
+
+
+def reward(work: str) -> int:
+    """Print the reward file the verifier wrote (its first 64 bytes), reached from WORK one
+    component at a time without following any link: code of the agent's that the verifier ran
+    could have made /logs/verifier a link, which leads somewhere else in our view than in the
+    verifier's (the agent's file, not the one test.sh wrote). A link on the way, or anything but
+    a regular file at the end, is a problem; no file at all is exit 3."""
+    fd = os.open(work, os.O_PATH | os.O_DIRECTORY)
+    parts = ["logs", "verifier", "reward.txt"]
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        try:
+            st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return 3
+        if stat.S_ISLNK(st.st_mode) or not (stat.S_ISREG(st.st_mode) if last else stat.S_ISDIR(st.st_mode)):
+            problems.append(f"/logs/{'/'.join(parts[1:i + 1])} is not a plain {'file' if last else 'directory'}")
+            return 0
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK if last else os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
+        step = os.open(part, flags, dir_fd=fd)
+        os.close(fd)
+        fd = step
+    sys.stdout.buffer.write(os.read(fd, 64))
+    sys.stdout.flush()
+    return 0
 
 
 def main(argv: list[str]) -> None:
@@ -408,9 +520,10 @@ if __name__ == "__main__":
             f.write("1000")
     except OSError:
         pass
+    code = 0
     try:
         if sys.argv[1:2] == ["harbor"]:
-            harbor(*sys.argv[2:])
+            code = harbor(*sys.argv[2:])
         else:
             main(sys.argv[1:])
     except OutOfBudget:
@@ -419,4 +532,4 @@ if __name__ == "__main__":
         problems.append(f"janitor failed: {type(e).__name__}: {e}")
     for line in problems[:20]:
         print(line)
-    sys.exit(4 if problems else 0)
+    sys.exit(4 if problems else code)

@@ -15,6 +15,12 @@
 # Nothing is killed between commands or before the verifier: services live on. A command that
 # times out (SIGUSR1 from the harness) loses its shell, and what it started runs on, as in a
 # terminal; a verifier that times out is killed with everything it started.
+# From `reset` until the verifier starts, the agent's processes are stopped (SIGSTOP): they can
+# take neither the CPU, nor process slots, nor change what the janitor looks at, while the
+# harness works. More of them than max_procs (possible across users: the process limit is per
+# uid) are killed there. After the verifier, the episode is over: they are all killed.
+# Everything here runs on bash builtins until the agent's processes are stopped: forking is what
+# a full process table takes from us.
 
 export OBSSPEC_LC_ALL=$LC_ALL
 export LC_ALL=C   # read -N counts bytes
@@ -22,12 +28,14 @@ ulimit -u "$OBSSPEC_HARNESS_PROCS"
 S=$OBSSPEC_STATE_DIR U=/run/obsspec/upper R=/run/obsspec/root W=/run/obsspec/verify
 
 # -- start: the agent's world, the relay, the image's ENTRYPOINT/CMD (by the spawner)
-for f in cmd status ctl ack term; do mkfifo -m 0600 "$S/$f" || exit 1; done
-exec 5<>"$S/cmd" 6<>"$S/status" 7<>"$S/ctl" 8<>"$S/ack"
-python3 -I -c "$OBSSPEC_RELAY" 3<>"$S/term" 4<>"$S/ctl" 5<>"$S/ack" 6<&- 7>&- 8<&- </dev/null &
+for f in cmd status ctl ack term vready; do mkfifo -m 0600 "$S/$f" || exit 1; done
+exec 5<>"$S/cmd" 6<>"$S/status" 7<>"$S/ctl" 8<>"$S/ack" 9<>"$S/vready"
+python3 -I -c "$OBSSPEC_RELAY" 3<>"$S/term" 4<>"$S/ctl" 5<>"$S/ack" 6<&- 7>&- 8<&- 9<&- </dev/null &
+relay=$!
 python3 -I -c "$OBSSPEC_WORLD" agent "$U" "$R" "$OBSSPEC_WORKDIR" \
-  3<>"$S/cmd" 4<>"$S/status" 5<>"$S/term" 6<&- 7>&- 8<&- </dev/null >/dev/null 2>"$S/world.log" &
+  3<>"$S/cmd" 4<>"$S/status" 5<>"$S/term" 6<&- 7>&- 8<&- 9<&- </dev/null >/dev/null 2>"$S/world.log" &
 world=$!
+ours=" 1 $$ $relay $world "
 # the spawner says it is ready; else the world could not be made (its error, and we end)
 if ! read -r -t 60 ready <&6 || [ "$ready" != ready ]; then
   echo "obsspec: the agent's world did not start: $(tr '\n' ' ' < "$S/world.log")" >&2
@@ -35,6 +43,39 @@ if ! read -r -t 60 ready <&6 || [ "$ready" != ready ]; then
 fi
 read -r spawner < "/proc/$world/task/$world/children"
 exec 2>/dev/null
+
+stopped=()
+# Stop every process of the container but ours, until a pass finds none running (a stopped
+# process forks no more); the ones the agent had stopped itself stay out of `stopped`.
+stop_agent() {
+  local d p line state pass=0 running=1 count
+  while [ "$running" = 1 ] && [ "$pass" -lt 500 ]; do
+    running=0 count=0 pass=$((pass + 1))
+    for d in /proc/[0-9]*; do
+      p=${d#/proc/}
+      case $ours in *" $p "*) continue ;; esac
+      IFS= read -r line < "$d/stat" || continue
+      state=${line##*) }; state=${state%% *}
+      case $state in
+        Z|X) continue ;;
+        T|t) [ "$pass" = 1 ] && continue ;;  # (stopped before we came: left as it was)
+        *) kill -STOP "$p" && stopped+=("$p"); running=1 ;;
+      esac
+      count=$((count + 1))
+    done
+    [ "$running" = 1 ] && read -r -t 0.01 _ <&9
+  done
+  agent_count=$count
+}
+cont_agent() { local p; for p in "${stopped[@]}"; do kill -CONT "$p"; done; stopped=(); }
+kill_agent() {
+  local d p
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    case $ours in *" $p "*) ;; *) kill -KILL "$p" ;; esac
+  done
+  stopped=()
+}
 
 __busy="" __interrupted=0 __verified=0 vpid=0
 __interrupt() {
@@ -67,8 +108,14 @@ while IFS=' ' read -r op nonce nbytes arg; do
       read -r -N 1 _ <&8  # (the relay wrote the command's output and its marker)
       continue ;;
     reset)
-      # The verifier's area starts empty; the agent's links into /tests, /logs and /proc go
+      # The agent's processes stop (past max_procs, across users, they are killed); the
+      # verifier's area starts empty; the agent's links into /tests, /logs and /proc go
       # (rc 4: something could not be undone, scored 0; rc 5: the janitor could not run).
+      stop_agent
+      if [ "$agent_count" -gt "$OBSSPEC_MAX_PROCS" ]; then
+        kill_agent
+        echo "the agent ran $agent_count processes (more than $OBSSPEC_MAX_PROCS, across users): all were ended before the verifier"
+      fi
       find "$W" -mindepth 1 -delete && mkdir -p "$W/tests" "$W/logs/verifier" || { printf '\0%s %d\0' "$nonce" 5; continue; }
       python3 -I -c "$OBSSPEC_JANITOR" harbor "$U/u" "$R" before </dev/null 2>&1
       rc=$?
@@ -80,8 +127,11 @@ while IFS=' ' read -r op nonce nbytes arg; do
     verify)
       __verified=0
       python3 -I -c "$OBSSPEC_WORLD" verifier "$R" "$W" "$OBSSPEC_WORKDIR" \
-        </dev/null 3< <(printf '%s' "$script") 2>&1 5>&- 6<&- 7>&- 8<&- &
+        </dev/null 3< <(printf '%s' "$script") 4>&9 2>&1 5>&- 6<&- 7>&- 8<&- 9<&- &
       vpid=$! __busy=verify
+      # the agent's processes run again when the verifier's view is made (it says so on fd 4)
+      until read -r -t 0.05 -N 1 _ <&9 || ! kill -0 "$vpid"; do :; done
+      cont_agent
       wait "$vpid"; rc=$?
       while [ "$__interrupted" = 1 ] && kill -0 "$vpid" 2>/dev/null; do wait "$vpid"; rc=$?; done
       __busy=""
@@ -92,11 +142,17 @@ while IFS=' ' read -r op nonce nbytes arg; do
       printf '\0%s %d\0' "$nonce" "$rc"
       continue ;;
     reward)
-      # Agent processes lived on while the verifier ran: a link into its files made meanwhile
-      # (found by the janitor's second sweep) taints the verdict: rc 4, scored 0.
-      rc=3 f=$W/logs/verifier/reward.txt
-      if ! python3 -I -c "$OBSSPEC_JANITOR" harbor "$U/u" "$R" after </dev/null >/dev/null 2>&1; then rc=4
-      elif [ "$__verified" = 1 ] && [ -f "$f" ] && [ ! -L "$f" ]; then head -c 64 -- "$f"; rc=0; fi
+      # The episode is over: the agent's processes end. They lived on while the verifier ran: a
+      # link into its files made meanwhile (found by the janitor's second sweep) taints the
+      # verdict: rc 4, scored 0. Else the janitor prints the reward file, read without
+      # following links (rc 3: none; a verifier run that was interrupted or signalled: rc 3).
+      stop_agent; kill_agent
+      out=$(python3 -I -c "$OBSSPEC_JANITOR" harbor "$U/u" "$R" after "$W" </dev/null 2>/dev/null); rc=$?
+      case $rc in
+        0) [ "$__verified" = 1 ] && printf '%s' "$out" || rc=3 ;;
+        3) ;;
+        *) rc=4 ;;
+      esac
       printf '\0%s %d\0' "$nonce" "$rc"
       continue ;;
     *) printf '\0%s %d\0' "$nonce" 2; continue ;;

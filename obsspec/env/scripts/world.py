@@ -6,8 +6,9 @@
 #
 # agent: ROOT, the agent's writable overlay (lower: the image, upper: UPPER, a tmpfs of the
 #   task's storage size), is mounted where the harness sees it too; then a mount and PID
-#   namespace whose root is ROOT, with a fresh /proc (podman's masks put back), the container's
-#   /dev and /sys, and a small tmpfs for the shell's state. Its PID 1 is this process, become
+#   namespace whose root is ROOT, with a fresh /proc (podman's masks put back), a /dev of its own
+#   (make_dev: a tmpfs holding the container's device nodes, bound, and its own /dev/shm), the
+#   container's /sys, and a small tmpfs for the shell's state. Its PID 1 is this process, become
 #   the image's USER with the agent's capabilities: the spawner (`serve`), which never executes
 #   anything itself, made non-dumpable so that no agent process can trace it, and, being the
 #   namespace's PID 1, deaf to every signal from inside it that it has no handler for:
@@ -23,12 +24,16 @@
 # verifier: a mount and PID namespace of its own whose root is built here, in WORK/root: every top
 #   entry of ROOT (the agent's files, live) bound in through a handle (an agent's symlink is
 #   copied, never followed), except the system directories (/usr, /bin, /sbin, /lib*), which are the
-#   image's own with a private writable layer, and /etc's loader and interpreter settings
-#   (ld.so.*, alternatives, python3*), which are the image's; /tests and /logs are WORK/tests and
+#   image's own with a private writable layer, and /etc's settings that make a program load, run or
+#   fetch code (OBSSPEC_ETC_PRISTINE: the loader's, NSS, interpreters', OpenSSL's, git's, apt's,
+#   PAM's, the shell's, name resolution), which are the image's unless the task's tests name them
+#   (OBSSPEC_ETC_AGENT); /dev is a fresh one (make_dev); /tests and /logs are WORK/tests and
 #   WORK/logs, which no agent process ever sees; /proc is the container's (the verifier sees the
-#   agent's processes; it cannot signal them, being in a PID namespace below). The script runs
-#   with bash --noprofile --norc as root, as Harbor runs its verifiers (with root's HOME: the
-#   agent's too unless the image names another USER), with the agent's capabilities.
+#   agent's processes; it cannot signal them, being in a PID namespace below). The script, on fd
+#   3, runs with bash --noprofile --norc /proc/self/fd/3 as root, as Harbor runs its verifiers
+#   (with root's HOME: the agent's too unless the image names another USER), with the agent's
+#   capabilities. Just before it execs, it writes one byte to fd 4: PID 1 then lets the agent's
+#   processes (stopped since the janitor's sweep) run again.
 # Everything is loaded before the new root is entered: nothing of the agent's is executed or
 # imported by this process (the final exec is of the image's own bash, through its own loader).
 
@@ -59,14 +64,24 @@ NR = {"x86_64": {"pivot_root": 155}, "aarch64": {"pivot_root": 41}}[platform.mac
 # the tracee's).
 AGENT_CAPS = {0, 1, 3, 4, 5, 6, 7, 8, 10, 12, 13, 18, 27, 29, 31}
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
-ETC_PRISTINE = ("ld.so.preload", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives")  # + python3*
+# /etc entries the verifier takes from the image, not the agent (podman.harbor_env: semantics.py's
+# ETC_PRISTINE less those the task's tests name); an entry ending in '*' is a prefix
+ETC_PRISTINE = tuple(n for n in os.environ.get("OBSSPEC_ETC_PRISTINE", "").split(",") if n)
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"}
 NOT_CARRIED = {"proc", "sys", "dev", "tests", "logs",
                # read by a pytest verifier as its rootdir's configuration and plugins
                "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "conftest.py"}
 # podman's masked and read-only /proc paths, put back on the agent's fresh /proc
 PROC_MASKED = ("acpi", "kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug", "scsi")
 PROC_READONLY = ("asound", "bus", "fs", "irq", "sys", "sysrq-trigger")
+SIGPENDING = 64  # queued real-time signals (and POSIX timers) per user of the agent's
 SETTLE_S = 3.0  # longest the agent's first command waits for the image's service to listen
+
+
+def pristine_etc(name: str) -> bool:
+    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in ETC_PRISTINE)
 
 
 def check(result: int, what: str) -> int:
@@ -92,6 +107,31 @@ def bind(dirfd: int, name: str, target: str, recursive: bool = False) -> None:
         mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | (MS_REC if recursive else 0))
     finally:
         os.close(fd)
+
+
+def make_dev(target: str, shm_mb: int) -> None:
+    """A /dev of its own at `target`: a tmpfs holding the container's device nodes (bound: no
+    process here can make device nodes), the usual links into /proc, the container's /dev/pts and
+    a /dev/shm of its own. The container's /dev itself is the harness's alone: an agent that
+    replaced /dev/fd there would have chosen what the verifier's `bash /dev/fd/3` ran."""
+    mount("tmpfs", target, "tmpfs", MS_NOSUID, "size=1m,mode=0755")
+    dev = os.open("/dev", os.O_PATH | os.O_DIRECTORY)
+    for name in DEVICES:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW, dir_fd=dev)
+        try:
+            if not stat.S_ISCHR(os.fstat(fd).st_mode):
+                raise OSError(errno.ENODEV, f"/dev/{name} is not a device")
+            os.close(os.open(f"{target}/{name}", os.O_CREAT | os.O_WRONLY, 0o666))
+            mount(f"/proc/self/fd/{fd}", f"{target}/{name}", None, MS_BIND)
+        finally:
+            os.close(fd)
+    for name, to in DEV_LINKS.items():
+        os.symlink(to, f"{target}/{name}")
+    os.mkdir(f"{target}/pts")
+    bind(dev, "pts", f"{target}/pts")
+    os.mkdir(f"{target}/shm")
+    mount("tmpfs", f"{target}/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_mb}m,mode=1777")
+    os.close(dev)
 
 
 def new_namespaces() -> None:
@@ -193,7 +233,7 @@ def agent(upper: str, root: str, workdir: str) -> None:
             mount(path, path, None, MS_BIND | MS_REC)
             mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_REC)
     slash = os.open("/", os.O_PATH | os.O_DIRECTORY)
-    bind(slash, "dev", f"{root}/dev", recursive=True)
+    make_dev(f"{root}/dev", int(os.environ.get("OBSSPEC_SHM_MB") or 64))
     bind(slash, "sys", f"{root}/sys", recursive=True)
     who = identity(user)
     mount("tmpfs", f"{root}/run/obsspec-shell", "tmpfs", MS_NOSUID | MS_NODEV, f"size=16m,mode=0700,uid={who[0]},gid={who[1]}")
@@ -214,6 +254,10 @@ def serve(env: dict, workdir: str) -> None:
         signal.signal(sig, signal.SIG_IGN)
     maxprocs = int(os.environ["OBSSPEC_MAX_PROCS"])
     resource.setrlimit(resource.RLIMIT_NPROC, (maxprocs, maxprocs))
+    # Queued signals are charged to every user namespace's owner up to host root, whose count all
+    # containers share: a few per process of the agent's (the hard limit: no capability of the
+    # agent's raises it).
+    resource.setrlimit(resource.RLIMIT_SIGPENDING, (SIGPENDING, SIGPENDING))
     runner = {**env, **{k: v for k, v in os.environ.items() if k.startswith("OBSSPEC_")},
               "OBSSPEC_STATE_DIR": "/run/obsspec-shell"}
     reaped: dict[int, int] = {}
@@ -259,14 +303,19 @@ def serve(env: dict, workdir: str) -> None:
             return
         op, nonce, nbytes, _ = (header.decode("ascii", "replace").split(" ", 3) + ["", "", "0", ""])[:4]
         script = read_exact(requests, int(nbytes))
-        if op == "run":  # (the shell's $RANDOM is seeded at random, as in a fresh bash)
-            argv = ["bash", "--noprofile", "--norc", "-c", 'eval "$OBSSPEC_RUNNER"; eval "$__obsspec_run"',
-                    "bash", str(int.from_bytes(os.urandom(2), "big"))]
-            pid = start(argv, runner, None, stdin=script)
-        elif op == "raw":
-            pid = start(["bash", "--noprofile", "--norc", "/dev/fd/3"], runner, workdir, stdin=script)
-        else:
-            os.write(4, f"{nonce} 2\n".encode())
+        try:
+            if op == "run":  # (the shell's $RANDOM is seeded at random, as in a fresh bash)
+                argv = ["bash", "--noprofile", "--norc", "-c", 'eval "$OBSSPEC_RUNNER"; eval "$__obsspec_run"',
+                        "bash", str(int.from_bytes(os.urandom(2), "big"))]
+                pid = start(argv, runner, None, stdin=script)
+            elif op == "raw":
+                pid = start(["bash", "--noprofile", "--norc", "/proc/self/fd/3"], runner, workdir, stdin=script)
+            else:
+                os.write(4, f"{nonce} 2\n".encode())
+                continue
+        except OSError as e:  # the agent's processes took every one the container may have
+            os.write(5, f"obsspec: cannot start the command: {e.strerror}\n".encode())
+            os.write(4, f"{nonce} 126\n".encode())
             continue
         current[0] = pid
         while pid not in reaped:
@@ -303,7 +352,13 @@ def start(argv: list[str], env: dict, cwd: str | None, stdin: bytes | None) -> i
     """Fork `argv` in a session of its own: output to the terminal (fd 5), or nowhere for a
     service (stdin None); `stdin` bytes reach it on fd 3, on a pipe."""
     r, w = os.pipe() if stdin is not None else (-1, -1)
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (r, w):
+            if fd >= 0:
+                os.close(fd)
+        raise
     if pid == 0:
         try:
             os.setsid()
@@ -385,14 +440,16 @@ def verifier(root: str, work: str, workdir: str) -> None:
     except OSError:
         efd = -1
     if efd >= 0:
-        carry(efd, f"{view}/etc", skip=set(ETC_PRISTINE), prefix_skip="python3")
+        carry(efd, f"{view}/etc", skip=set(), keep=lambda name: not pristine_etc(name))
     etc = os.open("/etc", os.O_PATH | os.O_DIRECTORY)
     for name in os.listdir("/etc"):
-        if name in ETC_PRISTINE or name.startswith("python3"):
+        if pristine_etc(name):
             put(etc, name, f"{view}/etc/{name}", os.lstat(f"/etc/{name}"))
-    for name, source in (("proc", "proc"), ("dev", "dev"), ("sys", "sys")):
+    for name in ("proc", "sys"):
         os.mkdir(f"{view}/{name}")
-        bind(slash, source, f"{view}/{name}", recursive=True)
+        bind(slash, name, f"{view}/{name}", recursive=True)
+    os.mkdir(f"{view}/dev")
+    make_dev(f"{view}/dev", int(os.environ.get("OBSSPEC_SHM_MB") or 64))
     wfd = os.open(work, os.O_PATH | os.O_DIRECTORY)
     for name in ("tests", "logs"):
         os.mkdir(f"{view}/{name}")
@@ -406,16 +463,21 @@ def verifier(root: str, work: str, workdir: str) -> None:
     except OSError as e:
         print(f"obsspec: the verifier cannot enter {workdir}: {e.strerror}", flush=True)
         os._exit(1)
-    os.execve("/bin/bash" if os.path.exists("/bin/bash") else "/usr/bin/bash",
-              ["bash", "--noprofile", "--norc", "/dev/fd/3"], env)
+    bash = "/bin/bash" if os.path.exists("/bin/bash") else "/usr/bin/bash"
+    try:  # PID 1 lets the agent's processes run again (they were stopped for the sweep)
+        os.write(4, b"v")
+        os.close(4)
+    except OSError:
+        pass
+    os.execve(bash, ["bash", "--noprofile", "--norc", "/proc/self/fd/3"], env)
 
 
-def carry(dirfd: int, into: str, skip: set, prefix_skip: str = "") -> None:
+def carry(dirfd: int, into: str, skip: set, keep=lambda name: True) -> None:
     """Put every entry of the directory `dirfd` into `into` (our own tmpfs directory): symlinks
     as copies, files and directories as binds made from the entry itself (never a path that
     could have become a symlink meanwhile)."""
     for name in os.listdir(dirfd):
-        if name in skip or (prefix_skip and name.startswith(prefix_skip)):
+        if name in skip or not keep(name):
             continue
         try:
             put(dirfd, name, f"{into}/{name}", os.lstat(name, dir_fd=dirfd))

@@ -102,6 +102,9 @@ async def _run_on(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live
         for engine in (policy, wm_engine):
             if engine is not None:
                 await warm_up(engine, fmt)
+        # one gate for the run: what it learns of hit rates and costs carries from pass to pass,
+        # sequential ones included (they are its cost model's samples with nothing speculative)
+        gate = make_gate(cfg)
         for k, m in enumerate(passes(mode, cfg.pairs)):
             first = not any(mode_ == m for mode_, _ in runs)
             predictor = None
@@ -115,7 +118,7 @@ async def _run_on(recipe: Recipe, out_dir: str, mode: str, replay_dir: str, live
                 policy, fmt, episodes, tool_factory(recipe.sandbox, cfg.latency, recorded), settings,
                 cap=recipe.sandbox.output_cap,
                 speculative=m == "speculative", predictor=predictor, depth=cfg.depth, busy_limit=cfg.busy_limit,
-                gate=make_gate(cfg), concurrency=cfg.concurrency, out_dir=out_dir if first else "", live=live,
+                gate=gate, concurrency=cfg.concurrency, out_dir=out_dir if first else "", live=live,
                 title=f"{m} rollout" + (f" ({k // 2 + 1} of {cfg.pairs} pairs)" if mode == "both" else ""))
             runs.append((m, batch.trajectories))
             if first:

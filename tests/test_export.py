@@ -138,7 +138,7 @@ def test_the_card_and_record_say_what_was_exported(trained, exported):
     assert record["policy"]["dtype"] == "float32" and record["policy"]["trained"] == "all weights"
     card = (out / "README.md").read_text()
     for text in ("step 2 of 2", "## Val success", "## Speculation, measured in training", "vllm serve",
-                 "`train.learning_rate` | `0.01`", "hit rate", "rollout time hidden", record["commit"]):
+                 "`train.learning_rate` | `0.01`", "hit rate", "speculative overlap with tools", record["commit"]):
         assert text in card, text
     assert (out / "policy" / "README.md").read_text() == card
 

@@ -198,7 +198,7 @@ def test_the_plain_live_display_shows_speculation_only_when_there_is_some(specul
     live.stop()
     line = capsys.readouterr().err
     assert line.startswith("val: 1/1 episodes")
-    assert ("hit rate" in line and "hidden ~" in line) == speculative
+    assert ("hit rate" in line and "spec overlap" in line) == speculative
 
 
 # ---------------------------------------------------------------------------------------------

@@ -285,8 +285,10 @@ def test_the_gate_stops_speculating_on_drafts_that_never_match():
     c = gated(spec={"hit_rate": 0.0}, tool={"median_s": 5.0})
     r = run_point(c, synthetic(c))
     assert r["reduction"] < -0.03, "precondition: speculating every wrong draft should cost here"
-    started = r["spec_requests_admitted_gated"]
-    assert started <= 0.05 * r["drafts_gated"], f"the gate started {started} of {r['drafts_gated']} wrong drafts"
+    # (the world model is asked for few drafts once its drafts stop paying, and of a held-back
+    # decision one in ten goes all the same, to keep measuring: gate.EXPLORE)
+    started, asked = r["spec_requests_admitted_gated"], r["drafts_gated"] + r["skips_gated"].get("wm_cost", 0)
+    assert started <= 0.06 * asked, f"the gate started {started} wrong drafts over {asked} commands"
     assert abs(r["reduction_gated"]) <= 0.005, f"gated reduction {r['reduction_gated']:.4f} is not ~0"
 
 
@@ -305,7 +307,10 @@ def test_skips_are_counted_by_reason_and_every_draft_is_decided_once():
     assert set(b.skips) <= set(SKIP_REASONS) and sum(b.skips.values()) > 0
     # depth 1, breadth 1: one decision per draft that came before its tool, on every turn but the last
     assert b.drafts == counts.get("match", 0) + counts.get("rollback", 0) + counts.get("skipped", 0)
-    assert counts.get("skipped", 0) == sum(b.skips.values()) and b.spec_admitted == b.drafts - counts["skipped"]
+    # (a turn whose world model the gate did not ask has no draft: `not_asked`, skipped for wm_cost
+    # or no_time)
+    assert counts.get("skipped", 0) + counts.get("not_asked", 0) == sum(b.skips.values())
+    assert b.spec_admitted == b.drafts - counts["skipped"]
     r = run_point(c, wl)
     assert r["skips_gated"] == b.skips and r["drafts_gated"] == b.drafts
 
@@ -326,6 +331,7 @@ def test_the_simulator_decides_with_the_schedulers_gate(monkeypatch):
 
     c = gated(spec={"hit_rate": 1.0}, tool={"median_s": 5.0})
     monkeypatch.setattr(gate, "expected_gain", lambda *a: -1.0)
+    monkeypatch.setattr(gate, "EXPLORE", 0.0)
     b = simulate_batch(c, synthetic(c), speculative=True)
     assert b.spec_admitted == 0 and sum(b.skips.values()) == b.drafts > 0
 

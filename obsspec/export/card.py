@@ -121,11 +121,12 @@ def _spec_lines(s: dict) -> list[str]:
             f"{s['hits']['wm']} / {s['hits']['cache']} / {s['hits']['sibling']} |",
             f"| world model's own hit rate (mean); by command class (hits/compared) | "
             f"{pct(s['wm_hit_rate_mean'])}; {classes} |",
-            f"| speculation skipped (mean share; busy / no time / low gain) | {pct(s['skipped_frac_mean'])}; "
-            + " / ".join(str(s["skips"][r]) for r in ("busy", "no_time", "low_gain")) + " |",
+            f"| speculation skipped (mean share; busy / no time / low gain / world model not worth asking) | "
+            f"{pct(s['skipped_frac_mean'])}; "
+            + " / ".join(str(s["skips"].get(r, 0)) for r in ("busy", "no_time", "low_gain", "wm_cost")) + " |",
             f"| committed work delayed by speculation (worst step) | {pct(s['committed_delay_frac_max'])} |",
-            f"| rollout time hidden (estimate) | {s['latency_saved_sec']:.1f} s of {s['rollout_sec']:.1f} s "
-            f"({pct(share)}) |",
+            f"| speculative overlap with tools (an upper bound of time hidden, not a saving) | "
+            f"{s['latency_saved_sec']:.1f} s of {s['rollout_sec']:.1f} s ({pct(share)}) |",
             f"| world model's last co-training loss | "
             f"{'-' if s['wm_loss_last'] is None else round(s['wm_loss_last'], 4)} |"]
 

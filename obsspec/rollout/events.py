@@ -20,6 +20,12 @@ Kinds (data fields in brackets):
     exec_won [request_id]                   the tool finished before the world model
     spec_skipped [busy]                     not speculated on: `busy` committed generations
                                             were in flight (rollout.busy_limit)
+    gate [go, reason, p, gain_s, source, cls, explore]
+                                            the gate's decision on a draft, or (reason
+                                            wm_cost, p None) on asking the world model
+    draft_verdict [p, hit, source, cls]     a draft compared with the real output
+    gate_state [committed_load, gen_s, cost, classes]
+                                            what the gate learned, at a batch's end
     request_end [request_id, role, outcome, reason, tokens]   every request's fate:
                  outcome in {committed, cancelled, failed}
 """

@@ -1,13 +1,18 @@
-"""The speculation gate: a speculative generation starts only when its expected gain is positive.
+"""The speculation gate: speculative work starts only when its expected gain is positive.
 
     gate = Gate(cost_share=0.25)
-    decision = gate.decide(source="world_model", cls="ls", confidence=0.83, elapsed_s=0.1)
+    ask = gate.ask(cls="ls", elapsed_s=0.0, committed=3)      # before asking the world model
+    decision = gate.decide(source="world_model", cls="ls", confidence=0.83, elapsed_s=0.1, committed=3)
     if decision.go: ...start the speculative action...
     gate.observe_draft(decision, hit=True)          # when the tool's real output is known
 
 A draft that arrives while its command still runs is worth, in seconds of episode time,
 
     gain = p * min(G, T_left)  -  (1 - p) * D
+
+and asking the world model for one (before it exists) is worth
+
+    gain = p * min(G, T_left - W)  -  min(W, T_left) * R_w  -  (1 - p) * D
 
 - p        the calibrated probability that the draft equals the real output token for token:
            a Beta estimate over this run's drafts of the same source, command class and
@@ -17,13 +22,22 @@ A draft that arrives while its command still runs is worth, in seconds of episod
 - G        the mean committed policy generation time so far: what a hit hides at most;
 - T_left   the tool's expected time left (mean tool time of the class so far, minus what
            has elapsed): a hit cannot hide more than the tool still takes;
-- D        the committed time a speculative generation delays, summed over the committed
-           requests it delays (a wasted one is pure loss): preempted, low-priority speculation
-           costs ~0, on a saturated first-come engine it costs about G. The prior is
-           cost_share * G, worth COST_PRIOR_GENERATIONS generations; where the policy engine
-           measures its delays (obsspec/engines/base.py SchedulingStats.committed_delay_sec), the
-           scheduler feeds them in with the number of speculative generations that caused them
-           (`observe_cost`), and the estimate follows the engine.
+- W        the world model's mean time for the class so far: a draft later than the tool is
+           cancelled (it cost until then and hid nothing);
+- D        what a wasted speculative generation costs committed work: G * R_s, or where the
+           policy engine accounts for its own delays (obsspec/engines/base.py SchedulingStats:
+           the hf engine; `observe_cost`) the delay it measured per speculative generation, when
+           that is the larger (it sees a pass in flight and a prefill that a mean load dilutes);
+- R_s, R_w the committed seconds one second of a speculative generation (R_s) or of a
+           world-model request (R_w) in flight costs, at the committed load of the moment
+           (obsspec/rollout/cost.py: measured from every committed generation of the run, on any
+           engine; 0 when nothing committed runs beside it; the prior `cost_share` until
+           measured). On a GPU batch with room they are ~0; on CPU cores that the policy and the
+           world model share they are ~1.
+
+A negative decision is overruled with probability EXPLORE (`explore` in the event): the rates
+and hit rates of what the gate holds back would otherwise never be measured again, and a class
+that starts to pay would stay held back.
 
 The gate changes timing only, never tokens: a skipped draft is still compared with the real
 output (so the calibration keeps learning), and the next action is generated on the real
@@ -33,14 +47,19 @@ runs; outcomes never do.
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from dataclasses import dataclass
+
+from obsspec.rollout.cost import CostModel
 
 HIGH_PRIOR = 0.9        # prior hit rate of exact replays (history cache, siblings, oracle)
 DEFAULT_PRIOR = 0.5     # prior hit rate of a draft with no confidence of its own
 CONFIDENCE_BINS = (0.2, 0.4, 0.6, 0.8)  # upper edges of the confidence bins (the last is 1.0)
-SKIP_REASONS = ("busy", "no_time", "low_gain")
-COST_PRIOR_GENERATIONS = 2  # speculative generations the configured cost share is worth
+SKIP_REASONS = ("busy", "no_time", "low_gain", "wm_cost")
+EXPLORE = 0.1           # share of negative decisions let through to keep measuring
+PRIOR_WM_S = 0.2        # the world model's time for a class before one is measured
+COST_PRIOR_GENERATIONS = 2  # speculative generations the cost-share prior of an engine's own account is worth
 
 
 def expected_gain(p_hit: float, gen_s: float, tool_left_s: float, delay_s: float) -> float:
@@ -48,6 +67,15 @@ def expected_gain(p_hit: float, gen_s: float, tool_left_s: float, delay_s: float
     the generation or the tool's time left, a miss delays committed work by `delay_s`."""
     hide = max(0.0, min(gen_s, tool_left_s))
     return p_hit * hide - (1.0 - p_hit) * delay_s
+
+
+def draft_gain(p_hit: float, gen_s: float, tool_left_s: float, wm_s: float, wm_rate: float,
+               delay_s: float) -> float:
+    """Seconds asking the world model is expected to save: its draft arrives after `wm_s`, hides
+    what is left of the tool then, costs `wm_rate` committed seconds per second until it arrives
+    or the tool ends, and a miss wastes a speculative generation (`delay_s`)."""
+    hide = max(0.0, min(gen_s, tool_left_s - wm_s))
+    return p_hit * hide - min(wm_s, tool_left_s) * wm_rate - (1.0 - p_hit) * delay_s
 
 
 def confidence_bin(confidence: float | None) -> int:
@@ -67,6 +95,7 @@ class Decision:
     source: str
     cls: str
     confidence: float | None
+    explore: bool = False  # a negative decision overruled (EXPLORE)
 
 
 class _Tally:
@@ -90,22 +119,29 @@ class _Tally:
 
 
 class Gate:
-    """Online estimates of p, G and T, and the decision. One per scheduler (a run, a training
-    step's batch keeps the trainer's across steps)."""
+    """Online estimates of p, G, T, W and the cost rates, and the decisions. One per run (the
+    passes of a rollout and the steps of a training run share it)."""
 
     def __init__(self, *, enabled: bool = True, cost_share: float = 0.25, prior_strength: float = 2.0,
-                 prior_tool_s: float = 1.0, prior_gen_s: float = 0.5, min_samples: int = 3):
-        if cost_share < 0 or prior_strength <= 0 or prior_tool_s < 0 or prior_gen_s < 0:
-            raise ValueError("gate: cost_share, prior_tool_s, prior_gen_s must be >= 0 and prior_strength > 0")
+                 prior_tool_s: float = 1.0, prior_gen_s: float = 0.5, min_samples: int = 3,
+                 explore: float | None = None, seed: int = 0):
+        explore = EXPLORE if explore is None else explore
+        if cost_share < 0 or prior_strength <= 0 or prior_tool_s < 0 or prior_gen_s < 0 or not 0 <= explore <= 1:
+            raise ValueError("gate: cost_share, prior_tool_s, prior_gen_s must be >= 0, prior_strength > 0 "
+                             "and explore in [0, 1]")
         self.enabled, self.cost_share, self.strength = enabled, cost_share, prior_strength
         self.prior_tool_s, self.prior_gen_s, self.min_samples = prior_tool_s, prior_gen_s, min_samples
+        self.explore, self._rng = explore, random.Random(seed)
+        self.cost = CostModel({"speculative": cost_share, "world_model": cost_share})
         self._source_rate: dict[str, _Tally] = defaultdict(_Tally)
         self._class_rate: dict[tuple[str, str], _Tally] = defaultdict(_Tally)
         self._bin_rate: dict[tuple[str, str, int], _Tally] = defaultdict(_Tally)
         self._tool: dict[str, _Tally] = defaultdict(_Tally)
         self._tool_all = _Tally()
+        self._wm: dict[str, _Tally] = defaultdict(_Tally)
+        self._wm_all = _Tally()
         self._gen = _Tally()
-        self._delay = _Tally()  # committed delay over speculative generations
+        self._delay = _Tally()  # the engine's own account: committed delay over speculative generations
 
     # -- estimates -------------------------------------------------------------------------------
     def p_hit(self, source: str, cls: str, confidence: float | None) -> float:
@@ -115,29 +151,51 @@ class Gate:
         p_class = self._class_rate[(source, cls)].shrunk(p_source, self.strength)
         return self._bin_rate[(source, cls, confidence_bin(confidence))].shrunk(p_class, self.strength)
 
-    def tool_s(self, cls: str) -> float:
-        m = self._tool.get(cls)
+    def _class_mean(self, per_class: dict, overall: _Tally, cls: str, prior: float) -> float:
+        m = per_class.get(cls)
         if m is not None and m.n >= self.min_samples:
-            return m.mean(self.prior_tool_s)
-        return self._tool_all.mean(self.prior_tool_s)
+            return m.mean(prior)
+        return overall.mean(prior)
 
-    def delay_s(self) -> float:
-        """D: committed delay per speculative generation, the prior moved by measurements."""
-        return self._delay.shrunk(self.cost_share * self.gen_s(), COST_PRIOR_GENERATIONS)
+    def tool_s(self, cls: str) -> float:
+        return self._class_mean(self._tool, self._tool_all, cls, self.prior_tool_s)
+
+    def wm_s(self, cls: str) -> float:
+        return self._class_mean(self._wm, self._wm_all, cls, PRIOR_WM_S)
+
+    def delay_s(self, committed: float = 1.0) -> float:
+        """D: what a wasted speculative generation costs committed work (the larger of the two
+        measures, each its prior until measured)."""
+        measured = self.gen_s() * self.cost.rate("speculative", committed)
+        if not self._delay.n:
+            return measured
+        own = self._delay.shrunk(self.cost_share * self.gen_s(), COST_PRIOR_GENERATIONS)
+        return max(measured, own)
 
     def gen_s(self) -> float:
         return self._gen.mean(self.prior_gen_s)
 
-    # -- the decision ------------------------------------------------------------------------------
-    def decide(self, *, source: str, cls: str, confidence: float | None, elapsed_s: float) -> Decision:
+    # -- the decisions -----------------------------------------------------------------------------
+    def _verdict(self, gain: float, left: float, held: str, source: str, cls: str, p: float,
+                 confidence: float | None) -> Decision:
+        reason = "" if not self.enabled or gain > 0 else "no_time" if left <= 0 else held
+        explore = bool(reason) and self._rng.random() < self.explore
+        return Decision(not reason or explore, reason, p, gain, left, source, cls, confidence, explore)
+
+    def ask(self, *, cls: str, elapsed_s: float, committed: float) -> Decision:
+        """Ask the world model for a draft of this command's output? (`reason` wm_cost when not)"""
+        p = self.p_hit("world_model", cls, None)
+        left = max(0.0, self.tool_s(cls) - elapsed_s)
+        gain = draft_gain(p, self.gen_s(), left, self.wm_s(cls), self.cost.rate("world_model", committed),
+                          self.delay_s(committed))
+        return self._verdict(gain, left - self.wm_s(cls), "wm_cost", "world_model", cls, p, None)
+
+    def decide(self, *, source: str, cls: str, confidence: float | None, elapsed_s: float,
+               committed: float = 1.0) -> Decision:
         p = self.p_hit(source, cls, confidence)
         left = max(0.0, self.tool_s(cls) - elapsed_s)
-        gain = expected_gain(p, self.gen_s(), left, self.delay_s())
-        if not self.enabled or gain > 0:
-            reason = ""
-        else:
-            reason = "no_time" if left <= 0 else "low_gain"
-        return Decision(not reason, reason, p, gain, left, source, cls, confidence)
+        gain = expected_gain(p, self.gen_s(), left, self.delay_s(committed))
+        return self._verdict(gain, left, "low_gain", source, cls, p, confidence)
 
     # -- what happened -----------------------------------------------------------------------------
     def observe_draft(self, decision: Decision, hit: bool) -> None:
@@ -150,9 +208,26 @@ class Gate:
             m.add(seconds)
 
     def observe_cost(self, delay_s: float, generations: int) -> None:
-        """Committed work was delayed by `delay_s` (a difference of the engine's SchedulingStats)
-        while `generations` speculative generations started."""
+        """The policy engine's own account: committed work was delayed by `delay_s` (a difference
+        of its SchedulingStats) while `generations` speculative generations started."""
         self._delay.add(max(0.0, delay_s), max(0, generations))
+
+    def observe_world_model(self, cls: str, seconds: float) -> None:
+        """A world-model request answered after `seconds`."""
+        for m in (self._wm[cls], self._wm_all):
+            m.add(seconds)
 
     def observe_generation(self, seconds: float) -> None:
         self._gen.add(seconds)
+
+    def summary(self, committed: float) -> dict:
+        """What the gate has learned (summary.json's `gate`): the cost rates at the run's mean
+        committed load, and per source and command class the calibrated hit probability and
+        the mean tool and world-model times."""
+        classes = sorted({c for _, c in self._class_rate} | set(self._tool))
+        return {"committed_load": round(committed, 2), "gen_s": round(self.gen_s(), 4),
+                "cost": self.cost.summary(committed),
+                "classes": {c: {"tool_s": round(self.tool_s(c), 4), "wm_s": round(self.wm_s(c), 4),
+                                **{f"p_{src}": round(self.p_hit(src, c, None), 3)
+                                   for src, cc in sorted(self._class_rate) if cc == c}}
+                            for c in classes}}

@@ -22,8 +22,12 @@
                                 plus drafts the gate stopped (rollout.gate) over commands and
                                 drafts considered
 - spec/skip_reasons             skips by reason: busy (load), low_gain (expected gain <= 0),
-                                no_time (the tool was expected to be done)
+                                no_time (the tool was expected to be done), wm_cost (the world
+                                model not asked: its draft's compute would cost more than it hides)
 - spec/gate_passed              drafts whose speculative action the gate let start
+- gate                          per source/class, the gate's decisions (go, explore, or the
+                                reason it held back), and what it learned (gate_state: hit
+                                rates, tool and world-model times, the measured cost rates)
 - calibration                   per predicted-hit-probability bin: [predicted mean, observed hit
                                 rate, drafts] of the drafts compared with the real output
 - spec/unusable_frac            arrivals with only unusable drafts / arrivals before the tool
@@ -130,6 +134,8 @@ class SpecMetrics:
         self.skip_reasons = Counter()         # reason -> skips (busy before drafting, the gate's after)
         self.gate_decisions = 0
         self.gate_passed = 0
+        self.gate_by_class = Counter()        # (source/class, go | explore | reason) -> decisions
+        self.gate_state: dict | None = None   # what the gate learned (its last gate_state event)
         # (bin, "n" | "hits" | "p") -> count, or sum of p in units of P_UNIT (integers: merged
         # processes add up to exactly the same sums in any order)
         self.calibration = Counter()
@@ -142,6 +148,9 @@ class SpecMetrics:
         for name, mine in vars(self).items():
             if name.startswith("_") or name in ("running", "delay"):
                 continue  # in-flight bookkeeping, empty once a batch is over
+            if name == "gate_state":  # (each process's gate learns on its own: the first one's is shown)
+                self.gate_state = mine or other.gate_state
+                continue
             theirs = getattr(other, name)
             if isinstance(mine, dict):   # Counters add; per-episode dicts are disjoint
                 mine.update(theirs)
@@ -196,6 +205,10 @@ class SpecMetrics:
             self.gate_passed += bool(d["go"])
             if not d["go"]:
                 self.skip_reasons[d["reason"]] += 1
+            verdict = "explore" if d.get("explore") else "go" if d["go"] else d["reason"]
+            self.gate_by_class[(f"{_source(d)}/{d['cls']}", verdict)] += 1
+        elif e.kind == "gate_state":
+            self.gate_state = d
         elif e.kind == "draft_verdict":
             b = min(int(d["p"] * CALIBRATION_BINS), CALIBRATION_BINS - 1)
             self.calibration[(b, "n")] += 1
@@ -266,6 +279,11 @@ class SpecMetrics:
             "spec/skip_reasons": dict(sorted(self.skip_reasons.items())),
             **{f"spec/skipped_{r}": self.skip_reasons[r] for r in SKIP_REASONS},
             "spec/gate_passed": self.gate_passed,
+            # why the gate speculated or held back, per draft source and command class, and what
+            # it learned (hit rates, tool and world-model times, measured cost rates)
+            "gate": {"decisions": {k: {v: n for (k2, v), n in sorted(self.gate_by_class.items()) if k2 == k}
+                                   for k in sorted({k for k, _ in self.gate_by_class})},
+                     "learned": self.gate_state},
             "calibration": self.calibration_table(),
             # the world model's own drafts compared with the real output, per command class
             "spec/wm_class_hits": {cls: [self.wm_verdicts[(cls, "hits")], n]

@@ -46,6 +46,10 @@ class PredictRequest:
     commands: tuple[str, ...]      # committed commands so far, the current one last
     prompt_ids: tuple[int, ...]    # what a world model sees: history + action + observation opening
     task: Task | None = field(default=None, compare=False)  # the episode's task (its workspace)
+    # ask the world model (the gate's price of it: obsspec/rollout/gate.py `ask`)? The
+    # model-free tiers answer either way.
+    world_model: bool = field(default=True, compare=False)
+    held: str = field(default="", compare=False)  # why not (the gate's reason: wm_cost, no_time)
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,12 @@ class Predictor(Protocol):
     def learn(self, request: PredictRequest, body: str) -> None:
         """Told the real observation body after every executed command."""
 
+    def watch(self, in_flight) -> None:
+        """`in_flight(delta)` is told when world-model requests start (+n) and end (-n)."""
+
 
 class Base:
-    """What a predictor that ignores `started` and `learn` inherits."""
+    """What a predictor that ignores `started`, `learn` and `watch` inherits."""
 
     name = "base"
 
@@ -85,6 +92,9 @@ class Base:
         pass
 
     def learn(self, request: PredictRequest, body: str) -> None:
+        pass
+
+    def watch(self, in_flight) -> None:
         pass
 
 
@@ -226,11 +236,13 @@ class WithHistory:
         if drafts:
             self.hits += 1
             return drafts
-        if self.siblings is None:
-            return await self.inner.predict(request)
-        if self.siblings.elsewhere(request):
+        if self.siblings is not None and self.siblings.elsewhere(request):
             # a sibling started first: its exact result is the draft (no world-model compute)
             return await self.siblings.predict(request)
+        if not request.world_model:
+            return []  # (the gate priced the world model's draft out)
+        if self.siblings is None:
+            return await self.inner.predict(request)
         # none yet: the inner predictor's drafts and a sibling joining later race; the first
         # answer wins (a sibling's result cancels the world model's generation), no draft waits
         sibling = asyncio.ensure_future(self.siblings.predict(request))
@@ -252,6 +264,9 @@ class WithHistory:
         if self.siblings is not None:
             self.siblings.started(request)
         self.inner.started(request)
+
+    def watch(self, in_flight) -> None:
+        self.inner.watch(in_flight)
 
     def learn(self, request: PredictRequest, body: str) -> None:
         self.cache.learn(request, body)
@@ -278,6 +293,10 @@ class WorldModelPredictor(Base):
         self.engine, self.fmt, self.cap = engine, fmt, cap
         self.max_tokens, self.breadth, self.temperature = max_tokens, breadth, temperature
         self.adapter, self.seed, self.snapshots = adapter, seed, snapshots
+        self.in_flight = lambda delta: None
+
+    def watch(self, in_flight) -> None:
+        self.in_flight = in_flight
 
     async def prompt_ids(self, request: PredictRequest) -> list[int]:
         if self.snapshots is None:
@@ -287,6 +306,8 @@ class WorldModelPredictor(Base):
         return wm_context(await self.snapshots.prefix(request.task), request.prompt_ids)
 
     async def predict(self, request: PredictRequest) -> list[Draft]:
+        if not request.world_model:
+            return []
         prompt = await self.prompt_ids(request)
         requests = []
         for k in range(self.breadth):
@@ -298,6 +319,7 @@ class WorldModelPredictor(Base):
                 adapter=self.adapter))
         # A task group: cancelling this coroutine cancels every engine request, and so does one
         # request failing (a plain gather would leave its siblings running, unowned).
+        self.in_flight(len(requests))
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(self.engine.generate(r)) for r in requests]
@@ -308,6 +330,8 @@ class WorldModelPredictor(Base):
                 # for a bug of ours, this ended a training run), counted.
                 return [Draft(None, too_long=True)]
             raise eg.exceptions[0] from None  # the first failure, as the scheduler expects it
+        finally:
+            self.in_flight(-len(requests))
         generations = [t.result() for t in tasks]
         # A generation that never closed the observation (hit max_tokens, or stopped on a bare
         # closing tag) cannot match anything: it comes back with body None, to be counted.
@@ -340,6 +364,9 @@ class Corrupting(Base):
     def learn(self, request: PredictRequest, body: str) -> None:
         self.inner.learn(request, body)
 
+    def watch(self, in_flight) -> None:
+        self.inner.watch(in_flight)
+
 
 class Delayed(Base):
     """Adds a fixed delay before the inner predictor answers (slower than the tool: exec_won)."""
@@ -357,6 +384,9 @@ class Delayed(Base):
 
     def learn(self, request: PredictRequest, body: str) -> None:
         self.inner.learn(request, body)
+
+    def watch(self, in_flight) -> None:
+        self.inner.watch(in_flight)
 
 
 def derive_seed(*parts) -> int:

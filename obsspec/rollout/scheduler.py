@@ -18,10 +18,13 @@ Load and gain: speculation only pays for itself in compute the committed work le
 `busy_limit` N > 0, a command is not speculated on (`spec_skipped`, reason `busy`) while N or
 more committed policy generations are in flight: a saturated engine would run the speculative
 action only after the tool anyway, and the world model's drafts would take compute from
-committed work when the two share a device. Then each draft passes the gate
-(obsspec/rollout/gate.py): its speculative action starts only when the expected gain is
-positive (`gate` events carry every decision; a skipped draft is still compared with the real
-observation, so the hit-rate estimates keep learning). Skipping changes timing only, never tokens.
+committed work when the two share a device. The gate (obsspec/rollout/gate.py) prices
+speculation with what it costs here, measured from every committed generation
+(obsspec/rollout/cost.py: the requests of each kind in flight beside it): the world model is
+asked for a draft only when that is expected to pay (else only the model-free tiers answer),
+and each draft's speculative action starts only when its expected gain is positive (`gate`
+events carry every decision; a skipped draft is still compared with the real observation, so
+the hit-rate estimates keep learning). Skipping changes timing only, never tokens.
 
 Breadth k = the predictor's number of drafts. Depth d: a speculative action that is a `bash`
 call is itself given a draft observation and a speculative next action, up to d turns ahead of
@@ -50,6 +53,7 @@ from obsspec.commands import program_class
 from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest
 from obsspec.env.sandbox import SandboxError
 from obsspec.env.task import Task
+from obsspec.rollout.cost import LoadMeter
 from obsspec.rollout.events import EventBus
 from obsspec.rollout.gate import Decision, Gate
 from obsspec.rollout.predictors import Draft, Predictor, PredictRequest, derive_seed
@@ -102,8 +106,11 @@ class Scheduler:
         self.busy_limit = busy_limit  # 0: always speculate
         self.busy = 0  # committed policy generations in flight, over all episodes
         self.gate = gate or Gate(enabled=False)  # (disabled, it still keeps the estimates)
-        self._stats = policy.scheduling_stats()  # what the gate has been told of the engine's costs
+        self.meter = LoadMeter(bus.now())  # requests in flight by kind: the gate's cost samples
+        self._stats = policy.scheduling_stats()  # the engine's own account, as last told to the gate
         self._spec_started = 0                   # speculative generations started since then
+        if predictor is not None and hasattr(predictor, "watch"):
+            predictor.watch(lambda delta: self.meter.add("world_model", delta, self.bus.now()))
         self._wm_ids = itertools.count()
 
     # -- one episode ------------------------------------------------------------------------------
@@ -144,9 +151,12 @@ class Scheduler:
                     traj.turns.append(Turn(text, "error", observation=chat.error_observation(action.error)))
                     continue
                 commands.append(action.command)
-                request = PredictRequest(task_key, task.task_id, episode, turn, tuple(commands),
-                                         tuple(fmt.wm_prompt_ids(traj.ids)), task)
                 eligible = speculative and self.predictor is not None
+                ask = self._ask(action.command) if eligible else None
+                request = PredictRequest(task_key, task.task_id, episode, turn, tuple(commands),
+                                         tuple(fmt.wm_prompt_ids(traj.ids)), task,
+                                         world_model=ask is not None and ask.go,
+                                         held=ask.reason if ask is not None and not ask.go else "")
                 skip = eligible and carried is None and 0 < self.busy_limit <= self.busy
                 if eligible:
                     self.predictor.started(request)
@@ -224,18 +234,30 @@ class Scheduler:
                                  stop_token_ids=self.fmt.stop_token_ids, priority=priority,
                                  adapter=self.adapter)
 
+    def _ask(self, command: str) -> Decision:
+        """Is the world model worth asking for this command's output (the gate's price of it)?"""
+        return self.gate.ask(cls=program_class(command), elapsed_s=0.0, committed=self.busy)
+
     async def _generate(self, prompt_ids, episode: int, turn: int, speculative: bool,
                         request: GenerationRequest | None = None) -> Generation:
         request = request or self._request(prompt_ids, episode, turn)
         self.bus.emit("policy_start", episode, turn, request_id=request.request_id, speculative=speculative)
+        kind = "speculative" if speculative else "committed"
         self.busy += not speculative
         t0 = self.bus.now()
+        self.meter.add(kind, 1, t0)
+        before = self.meter.areas(t0)
         try:
             gen = await self.policy.generate(request)
         finally:
             self.busy -= not speculative
+            self.meter.add(kind, -1, self.bus.now())
         if not speculative:
-            self.gate.observe_generation(self.bus.now() - t0)
+            t1 = self.bus.now()
+            self.gate.observe_generation(t1 - t0)
+            # (the meter counted this request until a moment ago: its own share is in `committed`)
+            self.gate.cost.observe(t1 - t0, len(gen.token_ids), len(prompt_ids),
+                                   self.meter.mean_loads(t0, before, t1))
         self.bus.emit("policy_done", episode, turn, request_id=request.request_id,
                       tokens=len(gen.token_ids), speculative=speculative)
         return gen
@@ -311,6 +333,7 @@ class Scheduler:
         episode, turn = request.episode, request.turn
         wm_id = f"wm-{episode}-{turn}-{next(self._wm_ids)}"
         self.bus.emit("wm_start", episode, turn, request_id=wm_id)
+        asked = self.bus.now()
         try:
             raw = await self.predictor.predict(request)
         except asyncio.CancelledError as e:
@@ -327,12 +350,17 @@ class Scheduler:
             raise
         drafts = self._distinct(raw)
         tokens = sum(d.tokens for d in raw)
+        cls = program_class(request.commands[-1])
+        if raw and raw[0].source == "world_model":
+            self.gate.observe_world_model(cls, self.bus.now() - asked)
+        if not raw and not request.world_model:  # no model-free draft, and the world model not worth asking
+            self.bus.emit("gate", episode, turn, go=False, reason=request.held or "wm_cost", p=None,
+                          gain_s=None, source="world_model", cls=cls)
         self.bus.emit("wm_draft", episode, turn, request_id=wm_id, drafts=len(drafts), tokens=tokens,
                       unusable=sum(1 for d in raw if d.body is None and not d.too_long),
                       too_long=sum(1 for d in raw if d.too_long), source=raw[0].source if raw else "")
         self._end(wm_id, "wm", "committed", episode, turn, tokens=tokens)
         specs = []
-        cls = program_class(request.commands[-1])
         elapsed = self.bus.now() - started if started is not None else 0.0
         stats = self.policy.scheduling_stats()
         if stats.measured:
@@ -340,9 +368,10 @@ class Scheduler:
             self._stats, self._spec_started = stats, 0
         for k, (draft, ids, body) in enumerate(drafts):
             decision = self.gate.decide(source=draft.source, cls=cls, confidence=draft.confidence,
-                                        elapsed_s=elapsed)
+                                        elapsed_s=elapsed, committed=self.busy)
             self.bus.emit("gate", episode, turn, go=decision.go, reason=decision.reason, p=round(decision.p, 4),
-                          gain_s=round(decision.gain_s, 4), source=draft.source, cls=cls)
+                          gain_s=round(decision.gain_s, 4), source=draft.source, cls=cls,
+                          explore=decision.explore)
             spec = _Speculation(draft, ids[body], episode, turn + 1, decision, scope=scope)
             prompt = list(prefix_ids) + ids
             if decision.go and turn + 1 < scope.max_turns and self._budget(len(prompt)) > 0:
@@ -371,7 +400,8 @@ class Scheduler:
         ids = prompt + list(gen.token_ids)
         nxt = PredictRequest(request.task_key, request.task_id, request.episode, request.turn + 1,
                              request.commands + (action.command,), tuple(self.fmt.wm_prompt_ids(ids)),
-                             request.task)
+                             request.task, world_model=(ask := self._ask(action.command)).go,
+                             held=ask.reason if not ask.go else "")
         return await self._branch(ids, nxt, depth, scope)
 
     async def _collect(self, spec: _Speculation) -> Generation:
@@ -460,6 +490,8 @@ class Scheduler:
                         return traj
                     self.bus.emit("episode_retry", episode, 0, attempt=attempt, infra_error=traj.infra_error)
 
+        t0 = self.bus.now()
+        before = self.meter.areas(t0)
         runs = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(tasks)]
         try:
             await asyncio.wait(runs, return_when=asyncio.FIRST_EXCEPTION) if runs else None
@@ -472,4 +504,7 @@ class Scheduler:
         for r in runs:
             if not r.cancelled() and r.exception() is not None:
                 raise r.exception()
+        # what the gate learned, at this batch's mean committed load (summary.json's `gate`)
+        load = self.meter.mean_loads(t0, before, self.bus.now())["committed"]
+        self.bus.emit("gate_state", -1, 0, **self.gate.summary(load))
         return [r.result() for r in runs]

@@ -14,10 +14,11 @@ carries goes forward); every draft skipped by the gate -> `skipped`; otherwise `
 (everything speculative is cancelled, its tokens wasted); after the last two the action is
 generated as in the sequential run. The gate learns as the scheduler's does: every committed
 generation (G), every tool (T per command class) and every draft's outcome, skipped or not (p,
-from the draft's confidence, `SpecSpec.confidence`) and, before each prediction's decisions, what
-speculation has cost committed work since the last (the engine's committed delay and speculative
-compute, `FluidEngine`, fed to `Gate.observe_cost` as the scheduler feeds the policy engine's
-SchedulingStats). Everything is deterministic given the workload.
+from the draft's confidence, `SpecSpec.confidence`) and what speculation costs committed work
+(every committed generation and the requests of each kind in flight beside it, fed to the gate's
+cost model as the scheduler feeds it: obsspec/rollout/cost.py; and the engine's own account of
+committed delay, as the hf engine's SchedulingStats). Before a prediction, the gate
+prices asking the world model (`wm_cost` skips). Everything is deterministic given the workload.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import itertools
 import statistics
 from dataclasses import dataclass, field
 
+from obsspec.rollout.cost import LoadMeter
 from obsspec.rollout.gate import SKIP_REASONS, Decision, Gate
 from obsspec.sim.config import SimConfig
 from obsspec.sim.engine import FluidEngine, Request
@@ -128,9 +130,10 @@ class _Batch:
         self.finished: set[int] = set()
         s = cfg.spec
         self.gate = Gate(enabled=s.gate, cost_share=s.gate_cost_share)
+        self.meter = LoadMeter()  # requests in flight by kind: the gate's cost samples, as in the scheduler
         self.skips = dict.fromkeys(SKIP_REASONS, 0)
         self.drafts = 0
-        self._stats = (0.0, 0.0)  # committed delay, speculative compute: last fed to the gate
+        self._stats = (0.0, 0.0)  # committed delay, speculative prefills: last fed to the gate
 
     # -- the clock ------------------------------------------------------------------------------
     def at(self, t: float, fn, *args) -> None:
@@ -160,7 +163,7 @@ class _Batch:
                            skips={k: v for k, v in self.skips.items() if v},
                            committed_delay_sec=eng.committed_delay_sec,
                            speculative_compute_sec=eng.speculative_compute_sec,
-                           gate_cost=self.gate.delay_s())
+                           gate_cost=self.gate.delay_s(self.meter.count["committed"] or 1))
 
     @property
     def now(self) -> float:
@@ -190,14 +193,19 @@ class _Batch:
 
     def _generate(self, e: int, k: int) -> None:
         t0 = self.now
+        turn = self.workload[e][k]
+        self.meter.add("committed", 1, t0)
+        before = self.meter.areas(t0)
 
         def done():
+            self.meter.add("committed", -1, self.now)
             self.results[e].gen_sec[k] = self.now - t0
             self.results[e].wait_policy_sec += self.now - t0
             self.gate.observe_generation(self.now - t0)
+            self.gate.cost.observe(self.now - t0, turn.action_tokens, turn.prompt_tokens,
+                                   self.meter.mean_loads(t0, before, self.now))
             self._action(e, k, None)
 
-        turn = self.workload[e][k]
         self.engine.submit(turn.action_tokens, 0, done, prompt_tokens=turn.prompt_tokens)
 
     def _action(self, e: int, k: int, carried: _Branch | None) -> None:
@@ -214,19 +222,27 @@ class _Batch:
         self.tool_start[e] = self.now
         self.at(self.now + turn.tool_s, self._tool_done, e, k)
         if self.speculative and self.cfg.spec.enabled:
+            ask = self.gate.ask(cls=turn.cls, elapsed_s=0.0, committed=self.meter.count["committed"])
+            if carried is None and not ask.go:
+                self.skips[ask.reason] += 1
+                self._count(e, "not_asked")  # (no draft: the turn goes on as sequentially)
+                return
             self.branch[e] = carried or self._predict(e, k, True, self.cfg.spec.depth)
 
     def _predict(self, e: int, k: int, correct: bool, depth: int) -> _Branch:
         b = _Branch(k, correct, depth)
         wm_s = self.workload[e][k].wm_s
         if wm_s != float("inf"):
+            self.meter.add("world_model", 1, self.now)
             self.at(self.now + wm_s, self._drafts, e, b)
         return b
 
     def _drafts(self, e: int, b: _Branch) -> None:
+        self.meter.add("world_model", -1, self.now)
         if b.cancelled:
             return
         b.arrived = True
+        self.gate.observe_world_model(self.workload[e][b.turn].cls, self.workload[e][b.turn].wm_s)
         turns = self.workload[e]
         turn = turns[b.turn]
         hit = b.correct and turn.hit
@@ -244,16 +260,18 @@ class _Batch:
                 continue
             confidence = self.cfg.spec.confidence((turn.conf_u + j * GOLDEN) % 1.0, spec.correct)
             spec.decision = self.gate.decide(source="world_model", cls=turn.cls, confidence=confidence,
-                                             elapsed_s=elapsed)
+                                             elapsed_s=elapsed, committed=self.meter.count["committed"])
             self.drafts += 1
             if not spec.decision.go:
                 self.skips[spec.decision.reason] += 1
                 continue
             nxt = turns[b.turn + 1]
+            self.meter.add("speculative", 1, self.now)
             spec.request = self.engine.submit(nxt.action_tokens, 1, lambda s=spec: self._spec_done(e, b, s),
                                               prompt_tokens=nxt.prompt_tokens)
 
     def _spec_done(self, e: int, b: _Branch, spec: _Spec) -> None:
+        self.meter.add("speculative", -1, self.now)
         turns, k = self.workload[e], b.turn + 1
         # a wrong draft's action is some other command: assume it is a bash call too
         is_bash = turns[k].kind == "bash" if spec.correct else True
@@ -302,6 +320,8 @@ class _Batch:
             return
         s.cancelled = True
         if s.request is not None:
+            if s.request.finished_at is None:
+                self.meter.add("speculative", -1, self.now)
             self.engine.cancel(s.request)
         if s.deeper is not None:
             self._cancel_branch(s.deeper)

@@ -68,8 +68,9 @@ class RichLive:
             f"hit rate {_fmt(s.get('spec/exact_frac'), True)} (world model {_fmt(s.get('spec/exact_frac_wm'), True)})"
             f"  exec_won {_fmt(s.get('spec/exec_won_frac'), True)}  rollbacks {_fmt(s.get('spec/rollback_frac'), True)}"
             f"{busy}", no_wrap=True, overflow="ellipsis"), Text(
-            # overlapped generation, an estimate: the net is what `obsspec rollout --mode both` measures
-            f"{latency}  hidden ~{s.get('latency_saved_sec', 0.0):.1f}s ({_fmt(s.get('latency_saved_frac'), True)}, est.)"
+            # speculative generation that ran while tools ran: not a saving (its net is what the
+            # paired passes of `obsspec rollout --mode both` and training measure)
+            f"{latency}  spec overlap {s.get('spec/overlap_sec', 0.0):.1f}s (not a saving)"
             f"  tokens wasted {s.get('spec/policy_tokens_discarded', 0)}", no_wrap=True, overflow="ellipsis"))
 
     def stop(self) -> None:
@@ -105,7 +106,7 @@ class PlainLive:
             busy = f"{skips_phrase(s)}, " if s["spec/skipped_frac"] else ""
             line += (f", hit rate {_fmt(s['spec/exact_frac'], True)} (world model {_fmt(s['spec/exact_frac_wm'], True)}), "
                      f"exec_won {_fmt(s['spec/exec_won_frac'], True)}, rollbacks {_fmt(s['spec/rollback_frac'], True)}, "
-                     f"{busy}hidden ~{s['latency_saved_sec']:.1f}s (est. {_fmt(s['latency_saved_frac'], True)} of rollout time)")
+                     f"{busy}spec overlap {s['spec/overlap_sec']:.1f}s (not a saving)")
         print(line, file=sys.stderr, flush=True)
 
     def stop(self) -> None:

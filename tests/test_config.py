@@ -63,6 +63,7 @@ def test_reset_override_restores_default(tmp_path):
     ("", ["policy.priority_scheduling=true"], "policy.priority_scheduling is for engine vllm"),
     ("", ["rollout.predictor=siblings"], "rollout.predictor must be tiered, world_model"),
     ("", ["sandbox.hostname="], "sandbox.hostname must be a host name"),
+    ("", ["sandbox.harbor_services=sometimes"], "sandbox.harbor_services must be auto, live or stopped"),
     ("", ["sandbox.turn_seconds=-100"], "sandbox.turn_seconds must be in 0.."),
     # vLLM's processed logprobs are renormalised over the nucleus: the importance ratio would be off
     ("", ["policy.engine=vllm", "policy.server_url=http://127.0.0.1:8000", "policy.top_p=0.9"],

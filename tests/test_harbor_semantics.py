@@ -89,8 +89,11 @@ def test_services_live_on_across_commands_and_while_the_verifier_runs():
     start = ("(while :; do date +%s%N >> /tmp/beats; sleep 0.05; done) >/dev/null 2>&1 & "
              "nohup python3 -m http.server 8123 --bind 127.0.0.1 >/dev/null 2>&1 & echo started")
     fetch = "python3 -c 'import urllib.request; urllib.request.urlopen(\"http://127.0.0.1:8123/\", timeout=5)'"
+    # (a verifier given here, not the task's tests: the task says nothing of services, the recipe does)
+    live = SandboxConfig(timeout_s=20, memory_mb=1024, max_procs=64, harbor_services="live")
     out, res, reward = session([start, f"sleep 1; {fetch} && echo up; wc -l < /tmp/beats"],
-                               verify=f"n=$(wc -l < /tmp/beats); sleep 0.5; {fetch} && [ $(wc -l < /tmp/beats) -gt $n ]")
+                               verify=f"n=$(wc -l < /tmp/beats); sleep 0.5; {fetch} && [ $(wc -l < /tmp/beats) -gt $n ]",
+                               config=live)
     assert out[0] == "started\n"
     assert out[1].startswith("up\n") and int(out[1].split()[1]) >= 5, "a background job died with its command"
     assert reward == 1.0, "the services were not alive (or not serving) while the verifier ran"
@@ -100,7 +103,7 @@ def test_a_command_that_times_out_is_left_running_as_a_terminal_leaves_it():
     """A server started in the foreground (the agent never backgrounded it) keeps serving after
     its command's time is up, as it did in Harbor's terminal; the shell state of the command
     that timed out is not saved, and the episode goes on."""
-    cfg = SandboxConfig(timeout_s=2, memory_mb=1024, max_procs=64)
+    cfg = SandboxConfig(timeout_s=2, memory_mb=1024, max_procs=64, harbor_services="live")
     fetch = "python3 -c 'import urllib.request; urllib.request.urlopen(\"http://127.0.0.1:8124/\", timeout=5)'"
     out, res, reward = session(["cd /tmp && export STATE=saved && python3 -m http.server 8124 --bind 127.0.0.1",
                                 f"pwd; echo ${{STATE:-unsaved}}; {fetch} && echo serving"],
@@ -202,3 +205,14 @@ def test_obsspec_shell_and_the_suite_name_the_semantics(tmp_path):
     assert manifest["reasons"] == {"skipped: layout": 1}, manifest["reasons"]
     rows = [json.loads(line) for line in (tmp_path / "out" / "train.jsonl").read_text().splitlines()]
     assert {row["semantics"] for row in rows} == {"harbor"}
+
+
+def test_without_services_in_its_tests_the_agents_processes_are_stopped_for_the_verifier():
+    """`sandbox.harbor_services: auto` (the default): the task's tests name no service, so the
+    agent's processes stay stopped while the verifier runs (they answer nothing, write nothing);
+    `live` lets them run, as in Harbor."""
+    start = "(while :; do date +%s%N >> /tmp/beats; sleep 0.05; done) >/dev/null 2>&1 & echo started"
+    grows = "n=$(wc -l < /tmp/beats); sleep 0.5; [ $(wc -l < /tmp/beats) -gt $n ]"
+    assert session([start], verify=grows)[2] == 0.0
+    live = SandboxConfig(timeout_s=20, memory_mb=1024, max_procs=64, harbor_services="live")
+    assert session([start], verify=grows, config=live)[2] == 1.0

@@ -377,13 +377,16 @@ def test_processes_of_many_users_cannot_starve_the_harness():
     assert honest_and_not(hello, [FILL_USERS]) == (0.0, 1.0)
 
 
+DEEP_LINKS = ("python3 -c 'import os\nd = \"/srv/\" + \"/\".join([\"x\"] * 60)\nos.makedirs(d)\nopen(d + \"/f\", \"w\").close()\n"
+              "for i in range(15000): os.symlink(d + \"/f\", f\"/srv/l{i}\")\nprint(\"linked\")'")
+
+
 def test_busy_loops_cannot_starve_the_janitor():
     """57 busy loops and 15,000 links 60 steps deep: the janitor, sharing the CPU, ran past its
     reset timeout (an infra error). The agent's processes are stopped while it works."""
     hello = task("hello-file")
     busy = "for i in $(seq 57); do (while :; do :; done) & done; echo busy"
-    links = ("python3 -c 'import os\nd = \"/srv/\" + \"/\".join([\"x\"] * 60)\nos.makedirs(d)\nopen(d + \"/f\", \"w\").close()\n"
-             "for i in range(15000): os.symlink(d + \"/f\", f\"/srv/l{i}\")\nprint(\"linked\")'")
+    links = DEEP_LINKS
     cfg = dataclasses.replace(CFG, timeout_s=60)
     assert honest_and_not(hello, [links, busy], cfg) == (0.0, 1.0)
 
@@ -427,3 +430,74 @@ def test_starved_or_killed_harness_steps_are_never_infra():
     record = asyncio.run(run_scripted(hello, [FILL_USERS, "echo after", *hello.solution], CFG))
     assert record.infra_error == "", record.infra_error
     assert record.reward in (0.0, 1.0)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# A live process timing the verifier, threads
+
+
+TIMED_LINK = """cat > /tmp/c.py <<"EOF"
+import os, signal, time
+L = "/app/hello.txt"
+def cont(*_):
+    os.symlink("/tests/expected_hello.txt", L); os.utime(L, (1, 1), follow_symlinks=False)
+    a0, t0 = os.lstat(L).st_atime_ns, time.time()
+    while os.lstat(L).st_atime_ns == a0 and time.time() - t0 < 5: pass
+    os.unlink(L)
+signal.signal(signal.SIGCONT, cont)
+while True: time.sleep(100)
+EOF
+nohup setsid python3 /tmp/c.py >/dev/null 2>&1 & sleep 1; echo started"""
+
+THREADS = """cat > /tmp/f.py <<"EOF"
+import ctypes, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+def hold():
+    while True: time.sleep(1000)
+def filler(uid):
+    if uid: libc.syscall(105, uid)
+    while True:
+        try: threading.Thread(target=hold, daemon=True).start()
+        except RuntimeError: time.sleep(0.005)
+for uid in (0, 1000, 1001): threading.Thread(target=filler, args=(uid,), daemon=True).start()
+while True: time.sleep(1000)
+EOF
+python3 /tmp/f.py >/dev/null 2>&1 & read -t 3 </dev/zero; echo filled"""
+
+ZOMBIE_LEADER = """cat > /tmp/z.py <<"EOF"
+import ctypes, threading, time
+def spin():
+    while True: pass
+for _ in range(8): threading.Thread(target=spin, daemon=True).start()
+time.sleep(0.2)
+ctypes.CDLL(None).syscall(60, 0)
+EOF
+python3 /tmp/z.py & sleep 1; echo spinning"""
+
+
+def test_a_process_that_times_the_verifier_by_sigcont_and_atime_does_not_win():
+    """SIGCONT told a live process the moment the verifier started, and the link's access time
+    the moment the verifier's cmp had followed it: the link lived 2-13 ms, between the janitor's
+    two sweeps (reward 1, 3 of 3). A task whose tests talk to no service keeps the agent's
+    processes stopped while the verifier runs; the verifier's view has no access times."""
+    hello = task("hello-file")
+    assert honest_and_not(hello, [TIMED_LINK]) == (0.0, 1.0)
+
+
+def test_threads_of_many_users_are_counted_and_stopped():
+    """The container's process limit counts threads: threads that switched uid one by one (a raw
+    setuid per thread) filled it while their processes counted one (infra); and a process whose
+    main thread exited alone (shown Z) kept its threads spinning through the stop. Threads are
+    what is counted and stopped."""
+    hello = task("hello-file")
+    assert honest_and_not(hello, [THREADS]) == (0.0, 1.0)
+    links = DEEP_LINKS.replace("range(15000)", "range(3000)")
+    assert honest_and_not(hello, [links, ZOMBIE_LEADER]) == (0.0, 1.0)
+
+
+def test_a_service_task_keeps_the_agents_processes_running_for_its_verifier():
+    """web-service's tests talk to the agent's server: its processes run beside the verifier."""
+    web = task("web-service")
+    assert reward(web, web.solution) == 1.0
+    assert reward(web, []) == 0.0

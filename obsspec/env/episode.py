@@ -56,10 +56,11 @@ def task_environment(task: Task) -> podman.Environment | None:
     if not task.needs_image and not task.harbor:
         return None
     r = task.resources
+    tests = "\n".join([task.verify, *task.verify_files.values()])
     return podman.Environment(files=task.image_files, image=task.image, cpus=float(r.get("cpus", 0)),
                               memory_mb=int(r.get("memory_mb", 0)), storage_mb=int(r.get("storage_mb", 0)),
                               internet=bool(r.get("internet", False)), semantics=task.semantics,
-                              etc_named=semantics.etc_named("\n".join([task.verify, *task.verify_files.values()])))
+                              etc_named=semantics.etc_named(tests), tests=tests)
 
 
 def open_sandbox(config: SandboxConfig, workdir: str = "/app", environment: podman.Environment | None = None):

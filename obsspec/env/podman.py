@@ -64,6 +64,7 @@ class Environment:
     internet: bool = False
     semantics: str = ""  # obsspec/env/semantics.py ('' = isolated)
     etc_named: tuple[str, ...] = ()  # /etc settings the task's tests name (semantics.etc_named)
+    tests: str = field(default="", repr=False)  # the task's tests (semantics.needs_services)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,8 +321,10 @@ def harbor_env(config, workdir: str, image: dict, environment: Environment) -> d
     scripts it runs, the limits, the /etc settings the verifier takes from the image, and what
     `docker run` would do with the image (`image`: images.image_config)."""
     pristine = [e for e in semantics.ETC_PRISTINE if e not in environment.etc_named]
+    services = (config.harbor_services == "live" or config.harbor_services == "auto"
+                and semantics.needs_services(environment.tests, image["entrypoint"] + image["cmd"]))
     env = {"OBSSPEC_WORKDIR": workdir, "OBSSPEC_STATE_DIR": STATE_DIR,
-           "OBSSPEC_ETC_PRISTINE": ",".join(pristine), "OBSSPEC_SHM_MB": str(harbor_tmpfs(config, environment)["shm"]),
+           "OBSSPEC_ETC_PRISTINE": ",".join(pristine), "OBSSPEC_SERVICES": "1" if services else "0", "OBSSPEC_SHM_MB": str(harbor_tmpfs(config, environment)["shm"]),
            "OBSSPEC_MAX_PROCS": str(config.max_procs), "OBSSPEC_HARNESS_PROCS": str(config.max_procs + HARNESS_PROCS),
            "OBSSPEC_USER": image["user"], "OBSSPEC_IMAGE_WORKDIR": image["workdir"],
            "OBSSPEC_ENTRYPOINT": shlex.join(image["entrypoint"] + image["cmd"]),

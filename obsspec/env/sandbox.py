@@ -110,6 +110,11 @@ class SandboxConfig:
                                            "(2024-01-01T00:00:00Z).")
     turn_seconds: int = doc(60, "How far the logical clock moves per command, seconds.")
     hostname: str = doc("sandbox", "Hostname inside the sandbox.")
+    harbor_services: str = doc("auto", "Harbor semantics: do the agent's processes run beside the "
+                                       "verifier? 'auto' (when the task's tests talk to a service, "
+                                       "or its image starts one: semantics.needs_services), 'live' "
+                                       "(always, as in Harbor) or 'stopped' (never: stopped from the "
+                                       "janitor's sweep to the episode's end).")
     workspace_root: str = doc("", "Host directory for workspaces with isolation=none only "
                                    "('' = the system temp dir).")
     placement: str = doc("local", "Where sandboxes run: 'local' (this machine) or 'ray' (workers of the "
@@ -123,6 +128,8 @@ class SandboxConfig:
             raise ValueError(f"sandbox.isolation must be 'bwrap' or 'none', not {self.isolation!r}")
         if self.backend not in ("bwrap", "podman"):
             raise ValueError(f"sandbox.backend must be 'bwrap' or 'podman', not {self.backend!r}")
+        if self.harbor_services not in ("auto", "live", "stopped"):
+            raise ValueError(f"sandbox.harbor_services must be auto, live or stopped, not {self.harbor_services!r}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"sandbox.placement must be 'local' or 'ray', not {self.placement!r}")
         if self.placement == "ray" and self.isolation == "none":

@@ -32,7 +32,8 @@ BEHAVES = {
         "the verifier gets an empty HOME of its own; no agent process is alive when it runs",
     ),
     HARBOR: (
-        "background processes (services) live on across commands and while the verifier runs",
+        "background processes (services) live on across commands, and while the verifier runs "
+        "when its tests talk to a service (else they are stopped from the verifier's start)",
         "the image's ENTRYPOINT/CMD starts with the episode, as `docker run IMAGE` would start it",
         "the agent is the image's USER: root in the container's user namespace (no host privileges) "
         "unless the Dockerfile names another user; the image's filesystem is writable",
@@ -43,8 +44,9 @@ BEHAVES = {
 }
 
 GIVES_UP = (
-    "an agent process can still be running when the verifier starts (it can answer the "
-    "verifier's queries, and remake a file between the janitor's sweep and the verifier's read)",
+    "where the verifier may need the agent's services (needs_services, sandbox.harbor_services), "
+    "its processes run beside the verifier: they answer its queries, and could change a file "
+    "between the janitor's sweep and the verifier's read",
     "observations that show times or dates differ between episodes (no logical clock)",
     "what the agent installs under /usr, /bin, /lib* (apt, pip) is not the verifier's: the "
     "verifier runs with the image's own system directories",
@@ -87,6 +89,25 @@ def etc_named(tests: str) -> tuple[str, ...]:
         if re.search(rf"/etc/{stem}" + ("" if entry.endswith("*") else r"(?![\w.-])"), tests):
             found.append(entry)
     return tuple(found)
+
+
+# What in a task's tests says its verifier talks to something the agent runs (a server, a daemon,
+# a process it checks for): then, under Harbor semantics, the agent's processes run beside it.
+SERVICE_WORDS = re.compile(
+    r"\b(curl|wget|nc|ncat|netcat|socat|telnet|ssh|localhost|127\.0\.0\.1|0\.0\.0\.0|https?://|socket|"
+    r"requests|urllib|http\.client|aiohttp|httpx|ps|pgrep|pidof|pkill|ss|netstat|lsof|fuser|systemctl|"
+    r"service|supervisorctl|redis-cli|psql|mysql|mongo|mongosh|sqlcmd|rabbitmqctl|kafka|grpc|port|"
+    # a verifier that waits or looks for something to happen expects something alive to do it
+    r"sleep|wait|kill|pid|daemon|cron|watch|tail)\b")
+SHELLS = {"bash", "sh", "/bin/bash", "/bin/sh", "/usr/bin/bash", "/usr/bin/sh", "zsh", "/bin/zsh"}
+
+
+def needs_services(tests: str, entrypoint: list[str]) -> bool:
+    """May the verifier need the agent's processes alive? When its tests name a network client,
+    an address or a process probe, or the image starts a service of its own (an ENTRYPOINT or
+    CMD other than a bare shell). Else they stay stopped while it runs (supervisor_harbor.sh)."""
+    serves = bool(entrypoint) and not (len(entrypoint) == 1 and entrypoint[0] in SHELLS)
+    return serves or bool(SERVICE_WORDS.search(tests))
 
 
 def check(name: str) -> str:

@@ -17,8 +17,10 @@
 # terminal; a verifier that times out is killed with everything it started.
 # From `reset` until the verifier starts, the agent's processes are stopped (SIGSTOP): they can
 # take neither the CPU, nor process slots, nor change what the janitor looks at, while the
-# harness works. More of them than max_procs (possible across users: the process limit is per
-# uid) are killed there. After the verifier, the episode is over: they are all killed.
+# harness works. More threads than max_procs (possible across users: the process limit is per
+# uid) are killed there. They run again beside the verifier only when it may need their services
+# (OBSSPEC_SERVICES=1: semantics.needs_services, or sandbox.harbor_services); else they stay
+# stopped, and no live process can time the verifier. After it, they are all killed.
 # Everything here runs on bash builtins until the agent's processes are stopped: forking is what
 # a full process table takes from us.
 
@@ -45,23 +47,29 @@ read -r spawner < "/proc/$world/task/$world/children"
 exec 2>/dev/null
 
 stopped=()
-# Stop every process of the container but ours, until a pass finds none running (a stopped
-# process forks no more); the ones the agent had stopped itself stay out of `stopped`.
+# Stop every process of the container but ours, until a pass finds no thread of theirs running (a
+# stopped process forks no more); count their threads (the container's process limit counts
+# threads, and the per-uid limit lets an agent that switches uids hold many). Threads decide, not
+# the process's first line: a main thread that exited alone shows Z while the rest run on. Ones the
+# agent had stopped itself stay out of `stopped`.
 stop_agent() {
-  local d p line state pass=0 running=1 count
+  local d t p line state pass=0 running=1 count live
   while [ "$running" = 1 ] && [ "$pass" -lt 500 ]; do
     running=0 count=0 pass=$((pass + 1))
     for d in /proc/[0-9]*; do
       p=${d#/proc/}
       case $ours in *" $p "*) continue ;; esac
-      IFS= read -r line < "$d/stat" || continue
-      state=${line##*) }; state=${state%% *}
-      case $state in
-        Z|X) continue ;;
-        T|t) [ "$pass" = 1 ] && continue ;;  # (stopped before we came: left as it was)
-        *) kill -STOP "$p" && stopped+=("$p"); running=1 ;;
-      esac
-      count=$((count + 1))
+      live=0
+      for t in "$d"/task/[0-9]*; do
+        IFS= read -r line < "$t/stat" || continue
+        state=${line##*) }; state=${state%% *}
+        case $state in
+          Z|X) ;;
+          T|t) count=$((count + 1)) ;;
+          *) count=$((count + 1)); live=1 ;;
+        esac
+      done
+      if [ "$live" = 1 ]; then kill -STOP "$p" && stopped+=("$p"); running=1; fi
     done
     [ "$running" = 1 ] && read -r -t 0.01 _ <&9
   done
@@ -114,7 +122,7 @@ while IFS=' ' read -r op nonce nbytes arg; do
       stop_agent
       if [ "$agent_count" -gt "$OBSSPEC_MAX_PROCS" ]; then
         kill_agent
-        echo "the agent ran $agent_count processes (more than $OBSSPEC_MAX_PROCS, across users): all were ended before the verifier"
+        echo "the agent ran $agent_count threads (more than $OBSSPEC_MAX_PROCS, across users): all were ended before the verifier"
       fi
       find "$W" -mindepth 1 -delete && mkdir -p "$W/tests" "$W/logs/verifier" || { printf '\0%s %d\0' "$nonce" 5; continue; }
       python3 -I -c "$OBSSPEC_JANITOR" harbor "$U/u" "$R" before </dev/null 2>&1
@@ -129,9 +137,10 @@ while IFS=' ' read -r op nonce nbytes arg; do
       python3 -I -c "$OBSSPEC_WORLD" verifier "$R" "$W" "$OBSSPEC_WORKDIR" \
         </dev/null 3< <(printf '%s' "$script") 4>&9 2>&1 5>&- 6<&- 7>&- 8<&- 9<&- &
       vpid=$! __busy=verify
-      # the agent's processes run again when the verifier's view is made (it says so on fd 4)
+      # the agent's processes run again when the verifier's view is made (it says so on fd 4), if
+      # the verifier may need its services; else they stay stopped until they are killed
       until read -r -t 0.05 -N 1 _ <&9 || ! kill -0 "$vpid"; do :; done
-      cont_agent
+      [ "$OBSSPEC_SERVICES" = 1 ] && cont_agent
       wait "$vpid"; rc=$?
       while [ "$__interrupted" = 1 ] && kill -0 "$vpid" 2>/dev/null; do wait "$vpid"; rc=$?; done
       __busy=""

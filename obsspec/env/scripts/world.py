@@ -53,7 +53,7 @@ import time
 
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_NOATIME, MS_BIND = 1, 2, 4, 8, 32, 1024, 4096
 MS_REC, MS_PRIVATE = 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
@@ -444,7 +444,7 @@ def verifier(root: str, work: str, workdir: str) -> None:
     etc = os.open("/etc", os.O_PATH | os.O_DIRECTORY)
     for name in os.listdir("/etc"):
         if pristine_etc(name):
-            put(etc, name, f"{view}/etc/{name}", os.lstat(f"/etc/{name}"))
+            put(etc, name, f"{view}/etc/{name}", os.lstat(f"/etc/{name}"), agents=False)
     for name in ("proc", "sys"):
         os.mkdir(f"{view}/{name}")
         bind(slash, name, f"{view}/{name}", recursive=True)
@@ -486,15 +486,23 @@ def carry(dirfd: int, into: str, skip: set, keep=lambda name: True) -> None:
                 raise
 
 
-def put(dirfd: int, name: str, target: str, st: os.stat_result) -> None:
+def put(dirfd: int, name: str, target: str, st: os.stat_result, agents: bool = True) -> None:
+    """One entry into the verifier's view; the agent's are bound without access times: reading
+    through a link would otherwise move the link's atime, which a live agent process can poll to
+    learn the moment the verifier has read it. (The image's own keep their locked flags.)"""
     if stat.S_ISLNK(st.st_mode):
         os.symlink(os.readlink(name, dir_fd=dirfd), target)
-    elif stat.S_ISDIR(st.st_mode):
+        return
+    if stat.S_ISDIR(st.st_mode):
         os.mkdir(target)
         bind(dirfd, name, target, recursive=True)
     else:  # a file, socket, FIFO or device: bound over an empty file
         os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o600))
         bind(dirfd, name, target)
+    if not agents:
+        return
+    kept = os.statvfs(target).f_flag & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)  # (a remount must keep them)
+    mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOATIME | kept)
 
 
 if __name__ == "__main__":

@@ -145,16 +145,19 @@ class Bench:
         p = base.policy
         self.sampling = make_sampling(p, base.rollout.seed)
         self.base = base
+        self.gates: dict = {}
 
     def close(self) -> None:
         self.policy.close()
         if self.wm_engine is not None:
             self.wm_engine.close()
 
-    async def run(self, recipe, predictor=None, busy_limit: int | None = None, gate: bool = True):
+    async def run(self, recipe, predictor=None, busy_limit: int | None = None, gate: bool = True, name: str = ""):
         timings = Timings()
         busy = recipe.rollout.busy_limit if busy_limit is None else busy_limit
-        gating = make_gate(recipe.rollout)
+        # one gate per predictor for the whole benchmark, as one serves a whole `obsspec rollout`
+        # run: what it learns of hit rates and costs carries from repetition to repetition
+        gating = self.gates.setdefault((name, recipe.rollout.latency.median_s), make_gate(recipe.rollout))
         gating.enabled = gate and recipe.rollout.gate
         before = engine_counts(self.policy)
         batch = await run_episodes(self.policy, self.fmt, self.episodes, tool_factory(recipe.sandbox, recipe.rollout.latency), self.sampling,
@@ -176,7 +179,7 @@ class Bench:
         specs = {}
         for name in (names if rep % 2 == 0 else names[::-1]):
             _, busy, gate = split_name(name)
-            specs[name] = await self.run(recipe, self.predictor(name, recorded or seq_a[0]), busy, gate)
+            specs[name] = await self.run(recipe, self.predictor(name, recorded or seq_a[0]), busy, gate, name)
         seq_b = await self.run(recipe)
         aa = compare(seq_a[0], seq_b[0])
         all_eps = {t.episode for t in seq_a[0]}

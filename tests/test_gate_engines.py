@@ -131,10 +131,13 @@ def test_on_a_shared_processor_the_gate_backs_off_until_speculation_costs_nothin
     seq = rollouts(True, False, gate)                    # (the gate learns the baseline from it too)
     off = rollouts(True, True, Gate(enabled=False, prior_tool_s=TOOL_S))
     on = [rollouts(True, True, gate) for _ in range(3)]  # it keeps what it learnt, as a run's passes do
-    ungated = mean_latency(off) / mean_latency(seq) - 1
-    gated = mean_latency(on[-1]) / mean_latency(seq) - 1
+    seq_b = rollouts(True, False, gate)                  # A/B/A: the two sequential passes give the noise
+    base = (mean_latency(seq) + mean_latency(seq_b)) / 2
+    noise = abs(mean_latency(seq_b) / mean_latency(seq) - 1)
+    ungated = mean_latency(off) / base - 1
+    gated = mean_latency(on[-1]) / base - 1
     assert ungated > 0.05, f"precondition: speculating every draft should cost here ({ungated:+.1%})"
-    assert gated < 0.03, f"the gate let speculation cost {gated:+.1%} (ungated {ungated:+.1%})"
+    assert gated < max(0.03, 2 * noise), f"the gate let speculation cost {gated:+.1%} (ungated {ungated:+.1%}, A/A {noise:.1%})"
     learned = on[-1].metrics.summary()["gate"]
     assert learned["learned"]["cost"]["measured"]["world_model"], learned
     held = sum(n for d in learned["decisions"].values() for r, n in d.items() if r in ("wm_cost", "low_gain"))

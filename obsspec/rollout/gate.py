@@ -19,7 +19,10 @@ and asking the world model for one (before it exists) is worth
            confidence bin, shrunk towards the class's rate, shrunk towards the source's rate,
            shrunk towards the draft's own confidence (its sequence probability under the world
            model; replayed observations start from HIGH_PRIOR);
-- G        the mean committed policy generation time so far: what a hit hides at most;
+- G        what a hit hides at most: the mean committed policy generation time so far, or,
+           once hits of the source have been seen (`observe_hidden`), the mean of what they
+           hid: G less the time the turn still waited on its speculative generation after the
+           tool (a loaded engine that runs low-priority rows late hides little);
 - T_left   the tool's expected time left (mean tool time of the class so far, minus what
            has elapsed): a hit cannot hide more than the tool still takes;
 - W        the world model's mean time for the class so far: a draft later than the tool is
@@ -141,6 +144,7 @@ class Gate:
         self._wm: dict[str, _Tally] = defaultdict(_Tally)
         self._wm_all = _Tally()
         self._gen = _Tally()
+        self._hidden: dict[str, _Tally] = defaultdict(_Tally)  # per source: what hits hid
         self._delay = _Tally()  # the engine's own account: committed delay over speculative generations
 
     # -- estimates -------------------------------------------------------------------------------
@@ -175,6 +179,13 @@ class Gate:
     def gen_s(self) -> float:
         return self._gen.mean(self.prior_gen_s)
 
+    def hidden_s(self, source: str) -> float:
+        """What a hit of `source` hides at most: G, or what its hits hid (never more than G)."""
+        g, m = self.gen_s(), self._hidden.get(source)
+        if m is None or m.n < self.min_samples:
+            return g
+        return max(0.0, min(g, m.mean(g)))
+
     # -- the decisions -----------------------------------------------------------------------------
     def _verdict(self, gain: float, left: float, held: str, source: str, cls: str, p: float,
                  confidence: float | None) -> Decision:
@@ -186,15 +197,15 @@ class Gate:
         """Ask the world model for a draft of this command's output? (`reason` wm_cost when not)"""
         p = self.p_hit("world_model", cls, None)
         left = max(0.0, self.tool_s(cls) - elapsed_s)
-        gain = draft_gain(p, self.gen_s(), left, self.wm_s(cls), self.cost.rate("world_model", committed),
-                          self.delay_s(committed))
+        gain = draft_gain(p, self.hidden_s("world_model"), left, self.wm_s(cls),
+                          self.cost.rate("world_model", committed), self.delay_s(committed))
         return self._verdict(gain, left - self.wm_s(cls), "wm_cost", "world_model", cls, p, None)
 
     def decide(self, *, source: str, cls: str, confidence: float | None, elapsed_s: float,
                committed: float = 1.0) -> Decision:
         p = self.p_hit(source, cls, confidence)
         left = max(0.0, self.tool_s(cls) - elapsed_s)
-        gain = expected_gain(p, self.gen_s(), left, self.delay_s(committed))
+        gain = expected_gain(p, self.hidden_s(source), left, self.delay_s(committed))
         return self._verdict(gain, left, "low_gain", source, cls, p, confidence)
 
     # -- what happened -----------------------------------------------------------------------------
@@ -212,6 +223,10 @@ class Gate:
         of its SchedulingStats) while `generations` speculative generations started."""
         self._delay.add(max(0.0, delay_s), max(0, generations))
 
+    def observe_hidden(self, source: str, seconds: float) -> None:
+        """A hit of `source` hid `seconds` (G less what the turn waited on it; may be < 0)."""
+        self._hidden[source].add(seconds)
+
     def observe_world_model(self, cls: str, seconds: float) -> None:
         """A world-model request answered after `seconds`."""
         for m in (self._wm[cls], self._wm_all):
@@ -226,6 +241,7 @@ class Gate:
         the mean tool and world-model times."""
         classes = sorted({c for _, c in self._class_rate} | set(self._tool))
         return {"committed_load": round(committed, 2), "gen_s": round(self.gen_s(), 4),
+                "hidden_per_hit_s": {src: round(self.hidden_s(src), 4) for src in sorted(self._hidden)},
                 "cost": self.cost.summary(committed),
                 "classes": {c: {"tool_s": round(self.tool_s(c), 4), "wm_s": round(self.wm_s(c), 4),
                                 **{f"p_{src}": round(self.p_hit(src, c, None), 3)

@@ -92,6 +92,7 @@ class _Speculation:
     task: asyncio.Task | None = None    # -> Generation
     deeper: asyncio.Task | None = None  # -> list[_Speculation] for the next turn (depth > 1)
     scope: EpisodeScope | None = None   # the episode that owns it
+    matched_at: float | None = None     # when its draft matched the real output (the tool's end)
 
 
 class Scheduler:
@@ -310,6 +311,7 @@ class Scheduler:
         if matched is None:
             self.bus.emit("rollback", episode, turn, drafts=len(specs), source=specs[0].draft.source)
             return result, None, "rollback"
+        matched.matched_at = self.bus.now()
         if matched.task is not None:
             self.policy.promote(matched.request_id)  # it is committed work now
         if matched.task is not None and not matched.task.done():
@@ -416,6 +418,8 @@ class Scheduler:
             raise
         scope.open.discard(spec)
         self._end(spec.request_id, "policy", "committed", spec.episode, spec.turn, tokens=len(gen.token_ids))
+        if spec.matched_at is not None:  # what the hit hid: a generation's time, less what the turn still waited
+            self.gate.observe_hidden(spec.draft.source, self.gate.gen_s() - (self.bus.now() - spec.matched_at))
         return gen
 
     async def _drop(self, branch: asyncio.Task, reason: str) -> None:

@@ -278,7 +278,9 @@ class _Batch:
         if b.depth > 1 and is_bash:
             spec.deeper = self._predict(e, k, spec.correct, b.depth - 1)
         if spec.pending:
-            self.results[e].blocked_sec += self.now - self.ready_since.pop(e)
+            blocked = self.now - self.ready_since.pop(e)
+            self.results[e].blocked_sec += blocked
+            self.gate.observe_hidden("world_model", self.gate.gen_s() - blocked)
             self._action(e, k, spec.deeper)
 
     def _tool_done(self, e: int, k: int) -> None:
@@ -302,6 +304,7 @@ class _Batch:
                 if matched is not None and matched.request is not None:
                     self.engine.promote(matched.request)
                     if matched.request.finished_at is not None:
+                        self.gate.observe_hidden("world_model", self.gate.gen_s())
                         return self._action(e, k + 1, matched.deeper)
                     matched.pending = True
                     self.ready_since[e] = self.now

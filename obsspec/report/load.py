@@ -69,6 +69,8 @@ class RunData:
         spec_done: dict = {}
         for ev in self.traces.get(mode, []):
             k, e, t = ev["kind"], ev["episode"], ev["t"]
+            if e < 0:
+                continue  # (the batch's own events, such as gate_state)
             p = parts.setdefault(e, Parts(e))
             rid = ev.get("request_id", "")
             if k == "policy_start" and not ev.get("speculative"):

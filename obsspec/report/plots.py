@@ -155,7 +155,7 @@ def latency_breakdown(run, path: str) -> str | None:
 
 def timeline(run, path: str, n: int = 4) -> str | None:
     mode = run.main_mode
-    episodes = sorted({ev["episode"] for ev in run.traces.get(mode, [])})[:n]
+    episodes = sorted({ev["episode"] for ev in run.traces.get(mode, []) if ev["episode"] >= 0})[:n]
     spans = run.timeline(mode, episodes)
     if not any(spans.values()):
         return None

@@ -552,7 +552,10 @@ def simulate_cmd(
     grid: List[str] = typer.Option(None, "--grid", help="A swept parameter, key=v1,v2,... (repeatable)."),
     preset: str = typer.Option("", "--preset", help="Start from h100-8b, h100-32b or cpu-tiny (docs/REPORT.md)."),
     from_run: str = typer.Option("", "--from", help="A rollout run (--mode both): its measured latencies, "
-                                                    "token counts, hit rates and engine speed."),
+                                                    "token counts, hit rates and engine speed; or a Harbor "
+                                                    "job (a trial, or a folder of jobs): its agents' "
+                                                    "timings, turns and model-free hits (obsspec/sim/job.py)."),
+    seeds: int = typer.Option(8, "--seeds", help="With a Harbor job: draws of the world model's hits per point."),
     out: str = typer.Option("", "--out", help="Output directory (default: runs/simulate)."),
     threshold: float = typer.Option(0.02, "--threshold", help="|reduction| below this is 'neutral'."),
     explain_keys: bool = typer.Option(False, "--explain", help="List every simulator key with its default."),
@@ -572,6 +575,8 @@ def simulate_cmd(
         obsspec simulate --preset h100-32b spec.depth=2 --grid tool.median_s=1,2,5
 
         obsspec simulate --from runs/rollout --grid spec.hit_rate=0,0.5,1
+
+        obsspec simulate --from jobs/2026-04-15__16-35-22 --preset h100-8b --grid workload.concurrency=1,8,32
     """
     from obsspec.sim.config import SimConfig, explain
     from obsspec.sim.presets import preset as load_preset
@@ -583,6 +588,15 @@ def simulate_cmd(
         return
     cfg = load_preset(preset) if preset else SimConfig()
     axes = parse_grid(grid or [])
+    from obsspec.sim.job import is_job, job_table, simulate_job
+
+    if from_run and is_job(from_run):
+        out_dir = out or os.path.join("runs", "simulate")
+        result = simulate_job(cfg, [from_run], axes or parse_grid(["workload.concurrency=1,8,32"]), out_dir,
+                              overrides or [], seeds)
+        typer.echo(job_table(result))
+        typer.echo(f"wrote {os.path.join(out_dir, 'simulate.json')}")
+        return
     if not axes and not from_run:
         axes = parse_grid(["tool.median_s=1,3,10", "spec.hit_rate=0.2,0.4,0.6,0.8"])
     out_dir = out or os.path.join("runs", "simulate")

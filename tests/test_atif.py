@@ -140,3 +140,41 @@ def test_the_world_models_base_comes_from_the_data_s_suite_not_runs_tasks(tmp_pa
     assert base_model_path(recipe, NullDisplay(), [str(suite)]) == "wm" and seen == [str(suite)]
     path = base_model_path(recipe, NullDisplay(), [str(JOB)])
     assert seen == [str(suite)] and path.endswith("world_model")
+
+
+# ---------------------------------------------------------------------------------------------
+# obsspec's episodes out, as Harbor trial folders
+
+
+def test_rollout_episodes_are_written_as_atif_that_harbor_validates_and_we_read_back(tmp_path):
+    from harbor.models.trajectories import Trajectory as HarborTrajectory
+    from harbor.models.trial.result import TrialResult
+
+    from rundirs import rollout_dir
+
+    run = rollout_dir(str(tmp_path / "run"))
+    for mode in ("sequential", "speculative"):
+        folders = sorted((tmp_path / "run" / "atif" / mode).iterdir())
+        assert len(folders) == 4
+        for folder in folders:
+            doc = json.loads((folder / "agent" / "trajectory.json").read_text())
+            HarborTrajectory.model_validate(doc)  # harbor's own ATIF model: raises on any defect
+            TrialResult.model_validate_json((folder / "result.json").read_text())
+        trials, skipped = read_trials([str(tmp_path / "run" / "atif" / mode)])
+        assert skipped == [] and len(trials) == 4
+        ours = [json.loads(line) for line in (tmp_path / "run" / f"trajectories-{mode}.jsonl").read_text().splitlines()]
+        for trial, traj in zip(trials, sorted(ours, key=lambda t: f"{t['task_id']}__e{t['episode']}")):
+            bash = [t for t in traj["turns"] if t["kind"] == "bash"]
+            assert [s.commands[0] for s in trial.steps] == [t["command"] for t in bash]
+            assert [s.observation for s in trial.steps] == [t["observation"] for t in bash]
+            assert [s.tool_s for s in trial.steps] == pytest.approx([t["tool_sec"] for t in bash], abs=1e-3)
+    spec = json.loads(next((tmp_path / "run" / "atif" / "speculative").iterdir()).joinpath(
+        "agent", "trajectory.json").read_text())
+    extras = [s["extra"]["obsspec"] for s in spec["steps"] if s["source"] == "agent"]
+    assert {"speculation", "draft_source", "tool_sec"} <= set(extras[0])
+    assert any(e["speculation"] == "match" and e.get("hidden_sec") is not None for s in
+               (tmp_path / "run" / "atif" / "speculative").iterdir()
+               for e in [st["extra"]["obsspec"] for st in json.loads((s / "agent" / "trajectory.json").read_text())["steps"]
+                         if st["source"] == "agent"]), "no match recorded what it hid"
+    assert all(e["speculation"] == "match" for e in extras if "hidden_sec" in e)
+    assert run

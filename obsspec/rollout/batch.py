@@ -11,6 +11,7 @@ evaluations (`rollout_tasks`). With `out_dir`, the batch writes there what `obss
 - `episodes.jsonl`              the tasks in episode order
 - `trajectories-<mode>.jsonl`   token ids, masks, logprobs, turns, reward per episode
 - `trace-<mode>.jsonl`          every event of the batch
+- `atif/<mode>/<task>__e<N>/`   each episode as a Harbor trial folder (ATIF; obsspec/rollout/atif_out.py)
 (`write_summary` adds `summary.json`, whose content is the caller's.)
 """
 
@@ -26,6 +27,7 @@ from typing import Protocol
 from obsspec.env.sandbox import SandboxConfig, SandboxUnavailable
 from obsspec.env.task import Task
 from obsspec.progress import Display, NullDisplay
+from obsspec.rollout.atif_out import AtifRecorder, write_trials
 from obsspec.rollout.events import Event, EventBus, JsonlTrace
 from obsspec.rollout.metrics import SpecMetrics
 from obsspec.rollout.scheduler import Sampling, Scheduler
@@ -65,11 +67,13 @@ async def run_episodes(policy, fmt, tasks: list[Task], make_tool, sampling: Samp
     allow_open_files(concurrency or len(tasks))
     bus, metrics = EventBus(), SpecMetrics()
     bus.subscribe(metrics)
-    trace = None
+    trace = recorder = None
     if out_dir:
         write_episodes(out_dir, tasks, first_episode)
         trace = JsonlTrace(os.path.join(out_dir, f"trace-{mode}.jsonl"), mode)
         bus.subscribe(trace)
+        recorder = AtifRecorder()
+        bus.subscribe(recorder)
     for listener in listeners:
         bus.subscribe(listener)
     scheduler = Scheduler(policy, fmt, bus, sampling, cap=cap, predictor=predictor if speculative else None,
@@ -88,6 +92,8 @@ async def run_episodes(policy, fmt, tasks: list[Task], make_tool, sampling: Samp
             trace.close()
     if out_dir:
         write_trajectories(out_dir, mode, trajectories)
+        write_trials(os.path.join(out_dir, "atif", mode), tasks, trajectories, recorder, mode,
+                     first_episode=first_episode)
     return Batch(trajectories, metrics, mode)
 
 

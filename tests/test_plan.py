@@ -204,6 +204,20 @@ def test_a_start_on_gpus_refuses_before_anything_loads(monkeypatch, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_cuda_recipe_where_torch_sees_no_gpu_stops_in_one_line_before_anything(tmp_path):
+    """`obsspec train recipes/terminal-8b.yaml` on a machine whose torch has no GPU: one line
+    that says why (a CPU build, or no driver for its CUDA), before a task is prepared."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = CliRunner().invoke(app, ["train", "recipes/terminal-8b.yaml", "--out", str(tmp_path / "run")])
+    assert r.exit_code == 2, r.output
+    assert "sees no GPU" in r.output or "CPU build" in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "run").exists()
+
+
 def test_launch_must_match_the_trainer_gpus(monkeypatch):
     recipe = load_recipe("recipes/terminal-8b.yaml")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -386,7 +386,8 @@ def test_a_vllm_policy_needs_a_policy_lora():
 
 def test_published_settings_in_the_gpu_recipes():
     r = load_recipe("recipes/terminal-8b.yaml")
-    assert (r.train.tasks_per_step, r.train.group_size, r.train.learning_rate) == (16, 16, 1e-6)
+    assert (r.train.tasks_per_step, r.train.group_size) == (16, 16)
+    assert r.train.learning_rate == 1e-5, "a LoRA's rate: 10x the published full fine-tuning's 1e-6"
     assert (r.policy.max_turns, r.sandbox.timeout_s, r.sandbox.output_cap) == (32, 30, 10000)
     assert r.policy.model == "Qwen/Qwen3-8B" and r.world_model.model == "Qwen/Qwen3-0.6B"
     assert load_recipe("recipes/terminal-32b.yaml").policy.model == "Qwen/Qwen3-32B"

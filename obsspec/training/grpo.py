@@ -241,13 +241,13 @@ def run_training(recipe: Recipe, out_dir: str, resume: bool = False, live=None, 
 def _check_gpus(recipe: Recipe, state, display) -> None:
     """A start on GPUs: this process on the GPU the layout gives its rank, and the plan of the
     detected node (PlanError, on every process, when it does not fit); the main process prints it."""
-    from obsspec.training.plan import NoPlan, check_launch, detect_node, gpu_plan, named_gpus, render
+    from obsspec.training.plan import NoPlan, check_launch, detect_node, gpu_plan, named_gpus, no_gpu_reason, render
 
     if recipe.policy.device != "cuda":
         return
     node = detect_node(named_gpus(recipe))
-    if node is None:
-        return
+    if node is None:  # before any task is prepared or model loaded
+        raise TrainError(no_gpu_reason())
     check_launch(recipe, state.process_index, state.local_process_index, state.num_processes)
     try:
         lines = render(gpu_plan(recipe, node, state.num_processes)).splitlines()

@@ -67,6 +67,19 @@ def detect_node(named: int = 0) -> Node | None:
     return Node(count, round(torch.cuda.get_device_properties(0).total_memory / GIB, 1), "detected")
 
 
+def no_gpu_reason() -> str:
+    """One line: why a recipe on GPUs cannot start on this machine."""
+    import torch
+
+    if torch.version.cuda is None:
+        why = f"this torch ({torch.__version__}) is a CPU build"
+    else:
+        why = (f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU: no NVIDIA driver, one older "
+               f"than CUDA {torch.version.cuda} needs, or CUDA_VISIBLE_DEVICES hides them")
+    return (f"the recipe trains on GPUs (policy.device: cuda) but {why}; run it on a GPU node after make install, "
+            f"or train a CPU recipe (recipes/tiny-cpu.yaml)")
+
+
 def uses_checkpointing(policy, cuda: bool) -> bool:
     """Activation checkpointing of the trainer's policy: on GPUs, unless the trainer's model
     generates the rollouts itself (policy.engine hf: transformers drops the KV cache of a

@@ -156,7 +156,8 @@ def tiny_policy(tokenizer, seed=0):
     return model
 
 
-def sampler_trainer(tokenizer, tmp_path, monkeypatch, logprobs_of, correction, peft_config=None, model=None):
+def sampler_trainer(tokenizer, tmp_path, monkeypatch, logprobs_of, correction, peft_config=None, model=None,
+                    tolerance=0.05):
     """The real GRPOTrainer obsspec runs, on a tiny model, whose one group of 4 rows carries the
     logprobs `logprobs_of(model, prompt, completion)` reports for its sampled tokens."""
     from datasets import Dataset
@@ -180,7 +181,7 @@ def sampler_trainer(tokenizer, tmp_path, monkeypatch, logprobs_of, correction, p
     trainer = SamplerAwareGRPOTrainer(
         model=model, reward_funcs=[lambda verifier_reward, **_: verifier_reward], args=args,
         train_dataset=Dataset.from_list([{"prompt": "t0"}]), processing_class=tokenizer, rollout_func=rollout,
-        peft_config=peft_config, sampler=SamplerCheck(correction, 2.0, "vllm"))
+        peft_config=peft_config, sampler=SamplerCheck(correction, 2.0, "vllm", tolerance))
     return trainer, [{"prompt": "t0"} for _ in range(4)]  # (TRL writes each row's fields into its dict)
 
 
@@ -241,6 +242,28 @@ def test_the_first_batchs_logprobs_must_be_the_trainers(fmt, tokenizer, tmp_path
         trainer, prompts = sampler_trainer(tokenizer, tmp_path, monkeypatch, logprobs_at(1.0), correction)
         with pytest.raises(LogprobMismatch, match="processed_logprobs"):
             trainer._generate_and_score_completions(prompts)
+
+
+def test_the_first_steps_tolerance_is_the_recipes_and_the_check_reports_p99(fmt, tokenizer, tmp_path, monkeypatch):
+    """A uniform 0.08-nat gap (a dtype's rounding, say): over the default tolerance it stops the run
+    naming the key to change, with mean and p99; with train.logprob_tolerance 0.1 it passes, and
+    the check's figures are kept."""
+    from obsspec.config import load_recipe
+    from obsspec.training.sampler import LogprobMismatch
+    from obsspec.training.setup import sampler_check
+
+    trainer, prompts = sampler_trainer(tokenizer, tmp_path, monkeypatch, logprobs_at(0.7, shift=-0.08), False)
+    with pytest.raises(LogprobMismatch, match=r"0\.080 nats per token on average \(p99 0\.080.*train\.logprob_tolerance"):
+        trainer._generate_and_score_completions(prompts)
+    trainer, prompts = sampler_trainer(tokenizer, tmp_path, monkeypatch, logprobs_at(0.7, shift=-0.08), False,
+                                       tolerance=0.1)
+    trainer._generate_and_score_completions(prompts)
+    first = trainer.sampler.summary()
+    assert first["mean_abs"] == pytest.approx(0.08, abs=1e-4) and first["p99_abs"] == pytest.approx(0.08, abs=1e-4)
+    assert first["tolerance"] == 0.1
+    assert sampler_check(load_recipe("recipes/tiny-cpu.yaml", ["train.logprob_tolerance=0.2"])).tolerance == 0.2
+    with pytest.raises(ConfigError, match="logprob_tolerance"):
+        load_recipe("recipes/tiny-cpu.yaml", ["train.logprob_tolerance=0"])
 
 
 def test_a_policy_adapter_the_server_ignores_stops_the_run(fmt, tokenizer, tmp_path, monkeypatch):

@@ -58,6 +58,13 @@ class TrainConfig:
                                              "samples from the trainer's own weights). Logs "
                                              "sampler/logp_diff_* and sampler/weight_* every step.")
     importance_cap: float = doc(2.0, "Upper bound of the importance weight (truncated importance sampling).")
+    logprob_tolerance: float = doc(0.05, "The first step's check (obsspec/training/sampler.py): the run stops "
+                                         "when the rollouts' logprobs differ from the trainer's by more than "
+                                         "this many nats per policy token on average. 0.05 sits above float32 "
+                                         "gaps (1e-5 measured) and below a misconfigured server's (0.12); a bf16 "
+                                         "server's gap at long contexts has not been measured here: the check "
+                                         "prints mean and p99 (summary.json logprob_check), and this key is "
+                                         "where a measured bf16 gap goes.")
     speculative: bool = doc(True, "Roll out with observation speculation (false: sequentially; "
                                   "the same tokens either way, only the time differs).")
     measure_speculation: bool = doc(False, "Measure what speculation saves, not estimate it: each step's "
@@ -133,6 +140,8 @@ class TrainConfig:
             raise ValueError("train.loss_type must be dapo, grpo, dr_grpo or bnpo")
         if self.importance_correction not in ("auto", "on", "off"):
             raise ValueError(f"train.importance_correction must be auto, on or off (got {self.importance_correction!r})")
+        if not self.logprob_tolerance > 0:
+            raise ValueError(f"train.logprob_tolerance must be > 0 nats (got {self.logprob_tolerance})")
         if not self.importance_cap >= 1:
             raise ValueError(f"train.importance_cap must be >= 1 (got {self.importance_cap}): a cap below 1 "
                              "would shrink every token's weight, not just the outliers'")

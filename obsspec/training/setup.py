@@ -144,7 +144,7 @@ def sampler_check(recipe: Recipe):
 
     t, engine = recipe.train, recipe.policy.engine
     correction = t.importance_correction == "on" or (t.importance_correction == "auto" and engine != "hf")
-    return SamplerCheck(correction, t.importance_cap, engine)
+    return SamplerCheck(correction, t.importance_cap, engine, tolerance=t.logprob_tolerance)
 
 
 def _inner(predictor):

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from obsspec.engines.server import ServersConfig
+from obsspec.engines.server import START_CAP, ServersConfig
 from obsspec.env.sandbox import SandboxConfig
 from obsspec.env.suite import TasksConfig
 from obsspec.fields import doc, to_dict  # to_dict: also this module's, for the recipe as plain data
@@ -89,12 +89,11 @@ class Recipe:
         if self.servers.launch and "vllm" not in (self.policy.engine, self.world_model.engine):
             raise ValueError("servers.launch is on but no section uses engine vllm: set policy.engine "
                              "or world_model.engine to vllm, or servers.launch to false")
-        servers = [x for x in (self.policy.engine, self.world_model.engine) if x == "vllm"]
-        if self.servers.launch and t.collective_timeout_s < len(servers) * self.servers.start_timeout_s:
+        start = START_CAP * self.servers.start_timeout_s  # (the servers start side by side)
+        if self.servers.launch and t.collective_timeout_s < start:
             raise ValueError(f"train.collective_timeout_s ({t.collective_timeout_s:g}) is shorter than starting "
-                             f"the servers may take ({len(servers)} x servers.start_timeout_s = "
-                             f"{len(servers) * self.servers.start_timeout_s:g}), which the other processes "
-                             "wait for: raise train.collective_timeout_s")
+                             f"the servers may take ({START_CAP} x servers.start_timeout_s = {start:g}), which "
+                             "the other processes wait for: raise train.collective_timeout_s")
         need = min_draft_tokens(self.sandbox.output_cap)
         if self.world_model.max_tokens < need:
             raise ValueError(f"world_model.max_tokens ({self.world_model.max_tokens}) cannot hold an "

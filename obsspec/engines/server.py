@@ -76,7 +76,9 @@ class ServersConfig:
     python: str = doc(".venv-vllm/bin/python", "The Python of the environment vLLM is installed in "
                                                "(`make install-vllm` makes .venv-vllm: the CUDA build "
                                                "on a machine with an NVIDIA GPU, else the CPU build).")
-    start_timeout_s: float = doc(600.0, "Longest wait for a server to serve its model, seconds.")
+    start_timeout_s: float = doc(600.0, "Longest a starting server may write nothing to its log, seconds: "
+                                        "a cold first start (download, load, compile, CUDA graphs) goes on "
+                                        "as long as it makes progress, up to START_CAP times this.")
     cpu_kv_cache_gb: int = doc(1, "CPU servers: KV cache per server, GiB.")
     gpu_memory_utilization: float = doc(0.0, "GPU servers: share of the GPU's memory each takes "
                                              "(0 = vLLM's default, 0.9; ~0.45 when both share one GPU).")
@@ -207,6 +209,34 @@ def served_models(url: str, timeout: float = 5.0) -> list[dict]:
         return json.load(reply).get("data", [])
 
 
+START_CAP = 6  # a start that keeps writing to its log may take up to this many start_timeout_s
+# What a vLLM server's log says it is doing while it starts (the last one found wins)
+PHASES = (("Fetching ", "downloading the model"), ("Downloading", "downloading the model"),
+          ("Starting to load model", "loading the model"), ("Loading weights took", "weights loaded"),
+          ("Model loading took", "weights loaded"), ("torch.compile", "compiling"),
+          ("Capturing CUDA graphs", "capturing CUDA graphs"), ("Graph capturing finished", "CUDA graphs captured"),
+          ("init engine (profile", "engine ready, starting its API"))
+
+
+def server_phase(log_text: str) -> str:
+    """The phase of a starting vLLM server, from its log ('starting' before any)."""
+    found, at = "starting", -1
+    for marker, phase in PHASES:
+        i = log_text.rfind(marker)
+        if i > at:
+            found, at = phase, i
+    return found
+
+
+def _tail(path: str, size: int = 65536) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 class Servers:
     """Start `specs`' servers (logs in `log_dir`), wait until each serves its model; `stop()`."""
 
@@ -247,21 +277,38 @@ class Servers:
             raise
 
     def _wait(self, spec: ServerSpec, proc: subprocess.Popen, t0: float) -> None:
+        """Until the server serves its model. It fails when its process exits, when its log stays
+        silent for servers.start_timeout_s, or past START_CAP times that; each phase it reaches
+        (download, load, compile, CUDA graphs) is told once."""
         log = os.path.join(self.log_dir, f"{spec.role}.log")
-        while time.monotonic() - t0 < spec.config.start_timeout_s:
+        limit, phase = spec.config.start_timeout_s, ""
+        wall0 = time.time() - (time.monotonic() - t0)
+        while True:
             if proc.poll() is not None:
                 raise ServerError(f"the {spec.role} vLLM server exited ({proc.returncode}) while "
                                   f"starting: {_last_error(log)} (log: {log})")
             try:
                 served = [m["id"] for m in served_models(spec.url, timeout=2)]
             except (OSError, ValueError):
-                time.sleep(1)
-                continue
-            if spec.model not in served:
-                raise ServerError(f"port {spec.port} serves {served}, not the {spec.role} model {spec.model!r}")
-            return
-        raise ServerError(f"the {spec.role} vLLM server did not answer within "
-                          f"{spec.config.start_timeout_s:.0f} s (servers.start_timeout_s; log: {log})")
+                served = None
+            if served is not None:
+                if spec.model not in served:
+                    raise ServerError(f"port {spec.port} serves {served}, not the {spec.role} model {spec.model!r}")
+                return
+            now = time.monotonic()
+            try:
+                silent = time.time() - max(os.path.getmtime(log), wall0)
+            except OSError:
+                silent = now - t0
+            if silent > limit or now - t0 > START_CAP * limit:
+                why = (f"wrote nothing to its log for {silent:.0f} s" if silent > limit
+                       else f"made progress but did not serve within {START_CAP * limit:.0f} s")
+                raise ServerError(f"the {spec.role} vLLM server {why} (servers.start_timeout_s "
+                                  f"{limit:.0f}; last phase: {phase or 'none'}; log: {log})")
+            if (now_phase := server_phase(_tail(log))) != phase:
+                phase = now_phase
+                self._log(f"{spec.role} vLLM server: {phase} ({now - t0:.0f} s)")
+            time.sleep(1)
 
     def stop(self) -> None:
         """SIGTERM each server's process group, SIGKILL what is left after 30 s."""

@@ -57,6 +57,36 @@ def test_valid_fixtures_import_in_name_order_with_nothing_skipped():
         t.task_id: timeouts.get(t.task_id, 60.0) for t in report.tasks}
 
 
+def test_task_toml_is_read_by_harbors_model_and_fields_run_without_are_counted_by_field(tmp_path):
+    """Harbor's TaskConfig reads task.toml: its defaults (a 600 s verifier), its migrations
+    (allow_internet -> network_mode), [environment] workdir over the image's WORKDIR; every field
+    a task sets that obsspec does not honour is counted by field, and the task still imports."""
+    image = "FROM debian:12\nWORKDIR /srv\n"
+    make_task(tmp_path, "a", **{"environment__Dockerfile": image, "task.toml": (
+        "[agent]\ntimeout_sec = 300\nuser = 'agent'\n[environment]\nworkdir = '/work/x'\nnetwork_mode = 'public'\n"
+        "env = { A = 'b' }\n[environment.healthcheck]\ncommand = 'true'\n")})
+    make_task(tmp_path, "b", **{"environment__Dockerfile": image, "task.toml": (
+        "[agent]\ntimeout_sec = 60\n[environment]\nallow_internet = false\n")})
+    make_task(tmp_path, "c", **{"environment__Dockerfile": image, "task.toml": (
+        "[verifier]\nnetwork_mode = 'no-network'\n[environment]\nnetwork_mode = 'allowlist'\n"
+        "allowed_hosts = ['pypi.org']\n")})
+    make_task(tmp_path, "d", **{"environment__Dockerfile": image})
+    make_task(tmp_path, "e")
+    report = import_harbor(tmp_path)
+    assert report.skipped == [], report.skipped
+    t = {task.task_id: task for task in report.tasks}
+    assert t["harbor-a"].workdir == "/work/x" and t["harbor-b"].workdir == "/srv"
+    assert t["harbor-d"].verify_timeout_s == 600.0, "Harbor's default verifier timeout"
+    assert t["harbor-a"].resources.get("internet") is True
+    assert not any(t[k].resources.get("internet") for k in ("harbor-b", "harbor-c", "harbor-d"))
+    assert dict(report.unsupported) == {"agent.timeout_sec": 2, "agent.user": 1, "environment.env": 1,
+                                        "environment.healthcheck": 1, "environment.allowed_hosts": 1,
+                                        "verifier.network_mode": 1}
+    assert dict(report.network) == {"public (as authored)": 1, "no network (as authored)": 1,
+                                    "allowlist: no network here": 1, "unset (Harbor: public): no network here": 1,
+                                    "the recipe's sandbox (no image)": 1}
+
+
 def test_imported_tasks_run_as_harbor_runs_them_unless_asked_otherwise():
     """Harbor semantics are the default of an import (a property of each task, in the suite);
     `isolated` gives the built-in families' sandbox, written as the default '' (no new key)."""
@@ -154,8 +184,12 @@ def test_a_bad_single_task_folder_is_skipped_not_raised():
      "environment/Dockerfile: WORKDIR /tmp cannot be the sandbox workspace"),  # hung prepare-tasks
     ({"environment__setup.sh": ":", "environment__Dockerfile": "FROM x\nWORKDIR /run/app\n"},
      "environment/Dockerfile: WORKDIR /run/app cannot be the sandbox workspace"),
-    ({"task.toml": "[verifier]\ntimeout_sec = 'soon'\n"}, "task.toml: verifier.timeout_sec must"),
-    ({"task.toml": "metadata = 3\n"}, "task.toml: [metadata] must be a table"),
+    # Harbor's own task model reads task.toml: its message, with the field's path
+    ({"task.toml": "[verifier]\ntimeout_sec = 'soon'\n"}, "task.toml: verifier.timeout_sec: Input should be a valid number"),
+    ({"task.toml": "metadata = 3\n"}, "task.toml: metadata: Input should be a valid dictionary"),
+    ({"task.toml": "[[steps]]\nname = 'a'\n[[steps]]\nname = 'b'\n"}, "task.toml: a multi-step trial (2 [[steps]])"),
+    ({"task.toml": "[environment]\ngpus = 1\n"}, "task.toml: the task needs GPUs"),
+    ({"task.toml": "[environment]\nworkdir = '/proc/x'\n"}, "task.toml: environment.workdir /proc/x cannot be"),
     ({"task.toml": "[verifier]\nenv = { KEY = '${OPENAI_API_KEY}' }\n"},
      "task.toml: verifier.env.KEY needs a host variable"),
 ])
@@ -163,7 +197,8 @@ def test_other_skip_reasons(tmp_path, files, reason):
     make_task(tmp_path, "t", **files)
     report = import_harbor(tmp_path)
     assert report.tasks == [] and report.skipped[0][1].startswith(reason), report.skipped
-    assert report.kinds["t"] in ("files", "task.toml", "base-image", "compose", "dockerfile", "host-variables")
+    assert report.kinds["t"] in ("files", "task.toml", "base-image", "compose", "dockerfile", "host-variables",
+                                 "multi-step", "os", "accelerators")
 
 
 def test_dockerfile_heredocs_import_and_one_we_cannot_translate_is_a_counted_skip(tmp_path):

@@ -5,6 +5,14 @@
         print(f"skipped {name}: {why}")
     report.counts()                               # {"base-image": 12, "compose": 3, ...}
     tasks = report.tasks                          # list[Task], in folder-name order
+    report.unsupported                            # {"agent.timeout_sec": 40, ...}: set, not honoured
+    report.network                                # {"public (as authored)": 3, ...}
+
+task.toml is read by the harbor package's own model (`harbor.models.task.config.TaskConfig`):
+its validation, defaults (a 600 s verifier) and migrations (memory, storage, allow_internet ->
+network_mode) are Harbor's. The fields obsspec honours are SUPPORTED; any other field a task sets
+is counted by name in the import report and the task runs without it. A multi-step trial, a
+non-Linux task and one that needs GPUs or TPUs are skipped.
 
 How a Harbor task folder maps onto a `Task`:
 
@@ -13,15 +21,15 @@ How a Harbor task folder maps onto a `Task`:
       instruction.md           ->     instruction=<instruction.md, stripped>,
       environment/setup.sh     ->     setup=<setup.sh>  (cwd = workdir, before the agent starts),
       environment/data.txt     ->     files={"data.txt": ...}  (same path in the workspace),
-      environment/Dockerfile   ->     workdir=<its last WORKDIR, else "/app">,
+      environment/Dockerfile   ->     workdir=<[environment] workdir, else its last WORKDIR, else "/app">,
         (without setup.sh)     ->     image_files=<every file of environment/: the build context>,
       [environment] docker_image ->   image=<it>  (without Dockerfile and setup.sh),
-      [environment] cpus, memory(_mb), storage(_mb), allow_internet
+      [environment] cpus, memory_mb, storage_mb, network_mode (allow_internet)
                                ->     resources={"cpus", "memory_mb", "storage_mb", "internet"},
       solution/solve.sh        ->     solution=[<solve.sh>]  (one multi-line command; [] if none),
       tests/test.sh, tests/*   ->     verify="cd <workdir> && bash /tests/test.sh; ...",
                                       verify_files={"test.sh": ..., "expected_total": ...},
-      [verifier] timeout_sec   ->     verify_timeout_s=<it>  (else the sandbox's default),
+      [verifier] timeout_sec   ->     verify_timeout_s=<it>  (Harbor's default: 600),
                                       source="harbor:/abs/path/count-words")
 
 Decisions:
@@ -39,8 +47,10 @@ Decisions:
   are NOT executed, so setup.sh must do their work. Other files of environment/ are copied into
   the workspace at the same relative path, whatever the Dockerfile's COPY said.
 - Image tasks get `[environment]` cpus, memory and storage as their container's limits
-  (storage: the workspace tmpfs), and a network only with `allow_internet = true` (the whole
-  episode, verifier included; obsspec's default is no network, unlike Harbor's).
+  (storage: the workspace tmpfs), and a network only when task.toml asks for one explicitly
+  (`network_mode = "public"`, or `allow_internet = true`), for the whole episode, verifier
+  included. Harbor's default (public when unset), an allowlist and a per-role policy run without
+  one here; the report counts each (`ImportReport.network`).
 - Rewards: the sandbox reads /logs/verifier/reward.txt; a verifier that writes reward.json instead
   (`{"reward": x}`) has it converted by the verify script. `[verifier] env` is exported for
   test.sh and `[solution] env` at the top of the solution command.
@@ -50,8 +60,7 @@ Decisions:
   `chmod +x` at the top of setup (environment/) or of the verify script (tests/): a test.sh that
   runs `/tests/helper.sh` directly, or an instruction that says `./run.sh`, works as in Docker.
 - `[verifier] timeout_sec` is the verifier's time limit (`Task.verify_timeout_s`, at most a day
-  in the suite, and at run time at most the recipe's `sandbox.max_verify_s`). Other
-  settings (agent timeout, build timeout, gpus) are ignored.
+  in the suite, and at run time at most the recipe's `sandbox.max_verify_s`).
 - A malformed task folder never raises: it becomes a `skipped` entry with a one-line reason,
   counted by its class (`ImportReport.counts()`).
   `HarborImportError` means the path itself is wrong (missing, or holds no task folder at all).
@@ -65,6 +74,7 @@ import posixpath
 import re
 import shlex
 import tomllib
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +121,10 @@ class ImportReport:
     """(folder name, one-line reason) for every task folder that could not be imported."""
     kinds: dict[str, str] = field(default_factory=dict)
     """folder name -> the class of its skip reason (SKIP_KINDS)."""
+    unsupported: Counter = field(default_factory=Counter)
+    """task.toml field (section.key) -> how many imported tasks set it and run without it here."""
+    network: Counter = field(default_factory=Counter)
+    """how the imported tasks' [environment] network_mode reads, and what runs here (NETWORK)."""
 
     def counts(self) -> dict[str, int]:
         """How many folders each class of reason cost, largest first."""
@@ -138,7 +152,7 @@ def import_harbor(path: str | os.PathLike, semantics: str = HARBOR) -> ImportRep
     report, owner = ImportReport(), {}
     for folder in folders:
         try:
-            task = _import_task(folder, "" if semantics == ISOLATED else semantics)
+            task, unsupported, network = _import_task(folder, "" if semantics == ISOLATED else semantics)
             if task.task_id in owner:  # two names can sanitise to the same id
                 raise Skip(f"task id {task.task_id!r} is already taken by {owner[task.task_id]}", "layout")
         except Skip as e:
@@ -152,20 +166,21 @@ def import_harbor(path: str | os.PathLike, semantics: str = HARBOR) -> ImportRep
             continue
         owner[task.task_id] = folder.name
         report.tasks.append(task)
+        report.unsupported.update(unsupported)
+        report.network[network] += 1
     return report
 
 
-def _import_task(folder: Path, semantics: str) -> Task:
+def _import_task(folder: Path, semantics: str) -> tuple[Task, list[str], str]:
+    """The task, the task.toml fields it sets that run without effect here, and its network."""
     folder = folder.resolve()
     for rel, what in [("task.toml", "its configuration"), ("instruction.md", "the prompt"),
                       ("tests/test.sh", "the verifier entry point")]:
         if not (folder / rel).is_file():
             raise Skip(f"missing {rel} ({what})", "layout")
     check_tree(folder)  # before reading anything: a symlink could point at host secrets
-    try:
-        config = tomllib.loads(read_text(folder, "task.toml"))
-    except tomllib.TOMLDecodeError as e:  # its message says which line and column
-        raise Skip(f"invalid task.toml: {e}", "task.toml") from None
+    config, model = _read_config(read_text(folder, "task.toml"))
+    unsupported = _unsupported(model)
     instruction = read_text(folder, "instruction.md").strip()
     if not instruction:
         raise Skip("instruction.md is empty", "layout")
@@ -175,20 +190,90 @@ def _import_task(folder: Path, semantics: str) -> Task:
     category = _table(config, "metadata").get("category") or "uncategorised"
     if not isinstance(category, str):
         raise Skip("task.toml: metadata.category must be a string", "task.toml")
-    timeout = _table(config, "verifier").get("timeout_sec")
-    if timeout is not None and not (type(timeout) in (int, float) and timeout > 0):
+    timeout = model.verifier.timeout_sec  # (Harbor's default when unset)
+    if not (math.isfinite(timeout) or timeout == math.inf) or timeout <= 0:
         raise Skip(f"task.toml: verifier.timeout_sec must be a positive number, not {timeout!r}", "task.toml")
-    if timeout is not None:  # (`inf` or 1e308: the recipe's sandbox.max_verify_s bounds it at run time)
-        timeout = min(float(timeout), MAX_VERIFY_TIMEOUT_S)
+    timeout = min(float(timeout), MAX_VERIFY_TIMEOUT_S)  # (the recipe's sandbox.max_verify_s bounds it at run time)
     files, setup, workdir, image = _environment(folder, _table(config, "environment"))
-    return Task(
+    if model.environment.workdir:  # [environment] workdir overrides the image's WORKDIR, as in Harbor
+        workdir = posixpath.normpath(model.environment.workdir)
+        try:
+            check_workdir(workdir)
+        except ValueError:
+            raise Skip(f"task.toml: environment.workdir {workdir} cannot be the sandbox workspace", "task.toml") from None
+    network = _network(model)
+    if network == "public" and image:
+        image.setdefault("resources", {})["internet"] = True
+    task = Task(
         task_id=f"harbor-{slug}", family=f"harbor:{_slug(category) or 'uncategorised'}",
         instruction=instruction, solution=_solution(folder, _env(config, "solution")),
         verify=_verify_script(workdir, _env(config, "verifier"), executable_files(folder, "tests")),
         verify_files=read_tree(folder, "tests"), files=files, setup=setup, workdir=workdir,
-        source=f"harbor:{folder}", verify_timeout_s=0.0 if timeout is None else timeout,
-        semantics=semantics, **image,
+        source=f"harbor:{folder}", verify_timeout_s=timeout, semantics=semantics, **image,
     )
+    return task, unsupported, NETWORK[network] if image else NETWORK["sandbox"]
+
+
+def _read_config(text: str) -> tuple[dict, "TaskConfig"]:
+    """task.toml as a table (for the checks Harbor's model does not make) and as Harbor's own
+    `TaskConfig` (the harbor package: what every field means, its defaults and migrations)."""
+    from harbor.models.task.config import TaskConfig
+    from pydantic import ValidationError
+
+    try:
+        config = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:  # its message says which line and column
+        raise Skip(f"invalid task.toml: {e}", "task.toml") from None
+    env = _table(config, "environment")
+    _resources(env)  # sizes Harbor would drop or overflow on (memory = inf) are one-line skips first
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # (memory, storage, allow_internet)
+            model = TaskConfig.model_validate(config)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "task.toml"
+        raise Skip(f"task.toml: {where}: {first['msg']}", "task.toml") from None
+    if model.steps:
+        raise Skip(f"task.toml: a multi-step trial ({len(model.steps)} [[steps]]) is not supported", "multi-step")
+    if model.environment.os.value != "linux":
+        raise Skip(f"task.toml: environment.os = {model.environment.os.value!r} (only linux runs here)", "os")
+    if model.environment.gpus or model.environment.gpu_types or model.environment.tpu:
+        raise Skip("task.toml: the task needs GPUs or TPUs (environment.gpus/gpu_types/tpu)", "accelerators")
+    return config, model
+
+
+# Fields of Harbor's task model that obsspec honours; any other field a task sets is counted in the
+# import report (ImportReport.unsupported) and the task runs without it.
+SUPPORTED = {"schema_version", "task", "source", "metadata", "verifier.timeout_sec", "verifier.env",
+             "solution.env", "environment.docker_image", "environment.cpus", "environment.memory_mb",
+             "environment.storage_mb", "environment.network_mode", "environment.workdir",
+             "environment.build_timeout_sec"}
+
+
+def _unsupported(model) -> list[str]:
+    """The `section.key` fields `model` sets away from Harbor's defaults that obsspec does not honour."""
+    out = []
+    for section, value in model.model_dump(exclude_defaults=True, mode="json").items():
+        keys = [f"{section}.{k}" for k in value] if isinstance(value, dict) and section != "metadata" else [section]
+        out += [k for k in keys if k not in SUPPORTED and k.split(".")[0] not in SUPPORTED]
+    return sorted(out)
+
+
+# What a task's network reads as (Harbor's per-role policy, [environment] network_mode) -> its line
+# in the import report. A task with an image gets a network only when its task.toml asks for one
+# explicitly (network_mode = "public", or allow_internet = true); Harbor's default (public when
+# unset) and an allowlist run without one here. Tasks without an image run in the recipe's sandbox.
+NETWORK = {"public": "public (as authored)", "no-network": "no network (as authored)",
+           "allowlist": "allowlist: no network here", "default": "unset (Harbor: public): no network here",
+           "sandbox": "the recipe's sandbox (no image)"}
+
+
+def _network(model) -> str:
+    env = model.environment
+    if "network_mode" not in env.model_fields_set and env.allowed_hosts is None:
+        return "default"
+    return env.network_mode.value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,7 +326,7 @@ def _image_task(folder: Path, config: dict, image: str) -> tuple[dict[str, str],
 
 
 def _resources(config: dict) -> dict:
-    """[environment] cpus, memory(_mb), storage(_mb) and allow_internet as Task.resources."""
+    """[environment] cpus, memory(_mb) and storage(_mb) as Task.resources."""
     out: dict = {}
     cpus = config.get("cpus")
     if cpus is not None:
@@ -252,12 +337,7 @@ def _resources(config: dict) -> dict:
         value = config.get(f"{key}_mb", config.get(key))
         if value is not None:
             out[f"{key}_mb"] = _megabytes(value, key)
-    internet = config.get("allow_internet", False)
-    if not isinstance(internet, bool):
-        raise Skip(f"task.toml: environment.allow_internet must be true or false, not {internet!r}", "task.toml")
-    if internet:
-        out["internet"] = True
-    return out
+    return out  # (the network: _network, from Harbor's reading of network_mode and allow_internet)
 
 
 def _megabytes(value, key: str) -> int:

@@ -278,6 +278,7 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
     t0 = time.monotonic()
     tasks, dropped = generate_builtin(cfg) if cfg.builtin else ([], [])
     skipped_imports, reasons = [], Counter("dropped: duplicate" for _ in dropped)
+    harbor_fields: dict = {}  # what the imported tasks set that runs without effect here, and their networks
     if cfg.harbor_dir:
         from obsspec.env.harbor import import_harbor
 
@@ -285,6 +286,8 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
         tasks += report.tasks
         skipped_imports = [{"task": name, "reason": why, "kind": report.kinds[name]} for name, why in report.skipped]
         reasons.update({f"skipped: {kind}": n for kind, n in report.counts().items()})
+        harbor_fields = {"fields_not_supported": dict(report.unsupported.most_common()),
+                         "network": dict(report.network.most_common())}
     t_gen = time.monotonic() - t0
     if sandbox.isolation == "bwrap":
         await preflight(sandbox)
@@ -321,7 +324,7 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
         # class of skip (import) and drop (validation) reason cost
         "semantics": dict(sorted(Counter(t.semantics or ISOLATED for t in train + val).items())),
         "reasons": dict(reasons.most_common()),
-        "dropped": dropped, "skipped_imports": skipped_imports,
+        "dropped": dropped, "skipped_imports": skipped_imports, **({"harbor": harbor_fields} if harbor_fields else {}),
         # imported tasks a cheap cheat passes (dropped, or kept with `cheat_audit: flag`), and by check
         "cheats": {"audited": len(audited), "passed_by_a_cheat": sum(bool(v.cheats) for v in audited),
                    "dropped": sum(v.kind == "cheat-passes" for v in audited),
@@ -338,7 +341,7 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
     summary = {
         "command": "prepare-tasks", "out_dir": out_dir,
         "train": len(train), "val": len(val), "dropped": len(dropped),
-        "skipped_imports": len(skipped_imports), "families": len(families),
+        "skipped_imports": len(skipped_imports), "families": len(families), **({"harbor": harbor_fields} if harbor_fields else {}),
         "reasons": dict(reasons.most_common()),
         "cheat_passes_share": (round(sum(bool(v.cheats) for v in audited) / len(audited), 3) if audited else None),
         "determinism_identical_fraction": json.loads(files["determinism.json"])["identical_fraction"],

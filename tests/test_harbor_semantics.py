@@ -216,3 +216,38 @@ def test_without_services_in_its_tests_the_agents_processes_are_stopped_for_the_
     assert session([start], verify=grows)[2] == 0.0
     live = SandboxConfig(timeout_s=20, memory_mb=1024, max_procs=64, harbor_services="live")
     assert session([start], verify=grows, config=live)[2] == 1.0
+
+
+def test_a_task_with_binary_and_large_files_and_solution_helpers_is_prepared_and_scored(tmp_path):
+    """A task is its folder: a binary fixture and a 6 MB file copied into the image, a binary
+    expected answer in tests/, a solve.sh that runs a helper of solution/ (unpacked at /solution,
+    as Harbor does). prepare-tasks validates it (the solution scores 1, doing nothing 0) and
+    writes its blobs; the suite read back scores the same."""
+    from obsspec.env.suite import TasksConfig, load_tasks, prepare_tasks
+    from obsspec.progress import NullDisplay
+
+    folder = tmp_path / "src" / "binary-copy"
+    data = bytes(range(256)) * 64 + b"\x00\xff"
+    big = bytes((i * 7919) % 251 for i in range(6 << 20))
+    for rel, content in {
+        "task.toml": b"[metadata]\ncategory = 'files'\n[verifier]\ntimeout_sec = 60\n",
+        "instruction.md": b"Write /app/out.bin: /app/data.bin twice, then /app/big.bin.\n",
+        "environment/Dockerfile": b"FROM debian:12\nWORKDIR /app\nCOPY data.bin big.bin /app/\n",
+        "environment/data.bin": data, "environment/big.bin": big,
+        "tests/test.sh": b"#!/bin/bash\ncmp /app/out.bin /tests/expected.bin && echo 1 > /logs/verifier/reward.txt\n",
+        "tests/expected.bin": data + data + big,
+        "solution/solve.sh": b"#!/bin/bash\n/solution/twice.sh\n",
+        "solution/twice.sh": b"#!/bin/bash\ncat /app/data.bin /app/data.bin /app/big.bin > /app/out.bin\n",
+    }.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(content)
+    (folder / "solution" / "twice.sh").chmod(0o755)
+    cfg = TasksConfig(builtin=False, harbor_dir=str(folder.parent), val_fraction=0.0, workers=1,
+                      determinism_check=False, cheat_audit="flag")
+    summary = asyncio.run(prepare_tasks(cfg, CFG, str(tmp_path / "suite"), NullDisplay()))
+    assert summary["train"] == 1 and summary["dropped"] == 0, summary
+    blobs = sorted(p.stat().st_size for p in (tmp_path / "suite" / "blobs").iterdir())
+    assert blobs == sorted([len(data), len(big), len(data + data + big)])
+    [task] = load_tasks(str(tmp_path / "suite"))
+    assert scored(task, task.solution) == 1.0
+    assert scored(task, ["cat /app/data.bin /app/data.bin > /app/out.bin"]) == 0.0

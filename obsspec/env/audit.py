@@ -31,7 +31,7 @@ import re
 import shlex
 
 from obsspec.env.episode import run_scripted
-from obsspec.env.task import Task
+from obsspec.env.task import Task, texts
 
 MODES = ("drop", "flag", "off")
 FLAG_ONLY = {"failed-run"}  # cheats that run the task's own solution: flagged, never dropped
@@ -66,7 +66,7 @@ def tests_text(task: Task) -> str:
     """What the task's own tests say: its test files and the variables its verifier exports (not
     the harness's wrapper around them)."""
     exports = [line for line in task.verify.splitlines() if line.startswith("export ")]
-    return "\n".join([*exports, *task.verify_files.values()])
+    return "\n".join([*exports, *texts(task.verify_files)])
 
 
 def cheat_commands(task: Task) -> dict[str, list[str]]:

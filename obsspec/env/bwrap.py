@@ -26,7 +26,7 @@ from functools import lru_cache
 from importlib import resources
 
 from obsspec.env import seccomp
-from obsspec.env.task import check_relative
+from obsspec.env.task import check_relative, file_bytes
 
 NOBODY = 65534
 SANDBOX_UID = 1000
@@ -208,9 +208,10 @@ def env(config, workdir: str) -> dict[str, str]:
     }
 
 
-def tar_files(files: dict[str, str], mtime: int) -> bytes:
-    """A tar archive of text files (paths relative to the directory it is extracted into), every
-    entry stamped `mtime`, directories included, so that nothing carries a real time."""
+def tar_files(files: dict, mtime: int) -> bytes:
+    """A tar archive of task files (text, bytes or blobs; paths relative to the directory it is
+    extracted into), every entry stamped `mtime`, directories included, so that nothing carries a
+    real time."""
     buf = io.BytesIO()
     dirs: set[str] = set()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
@@ -223,7 +224,7 @@ def tar_files(files: dict[str, str], mtime: int) -> bytes:
                 if d not in dirs:
                     dirs.add(d)
                     tar.addfile(_entry(d, tarfile.DIRTYPE, 0o755, mtime))
-            data = text.encode("utf-8", "surrogateescape")
+            data = file_bytes(text)
             info = _entry(path, tarfile.REGTYPE, 0o644, mtime)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

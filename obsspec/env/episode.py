@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from obsspec import chat
 from obsspec.env import podman, semantics
 from obsspec.env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError, SandboxUnavailable
-from obsspec.env.task import Task
+from obsspec.env.task import Task, texts
 
 
 @dataclass
@@ -56,7 +56,7 @@ def task_environment(task: Task) -> podman.Environment | None:
     if not task.needs_image and not task.harbor:
         return None
     r = task.resources
-    tests = "\n".join([task.verify, *task.verify_files.values()])
+    tests = "\n".join([task.verify, *texts(task.verify_files)])
     return podman.Environment(files=task.image_files, image=task.image, cpus=float(r.get("cpus", 0)),
                               memory_mb=int(r.get("memory_mb", 0)), storage_mb=int(r.get("storage_mb", 0)),
                               internet=bool(r.get("internet", False)), semantics=task.semantics,

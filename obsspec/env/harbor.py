@@ -54,9 +54,11 @@ Decisions:
 - Rewards: the sandbox reads /logs/verifier/reward.txt; a verifier that writes reward.json instead
   (`{"reward": x}`) has it converted by the verify script. `[verifier] env` is exported for
   test.sh and `[solution] env` at the top of the solution command.
-- Tasks hold text: a binary or non-UTF-8 file, a symlink leaving the folder, over 5 MB of files,
-  or a solve.sh that needs other files of solution/ (not mounted here) skips the task.
-- File modes: tasks hold text, not modes, so a file that is executable in the task folder gets
+- A task is its folder: any file of environment/ and tests/, text or binary (images, databases,
+  archives: a `Blob`, kept in the suite's blobs/ by its sha256), up to 256 MB in all
+  (taskfolder.MAX_TASK_BYTES). A symlink leaving the folder, or a solve.sh that needs other files
+  of solution/ (not mounted here), skips the task.
+- File modes: tasks hold contents, not modes, so a file that is executable in the task folder gets
   `chmod +x` at the top of setup (environment/) or of the verify script (tests/): a test.sh that
   runs `/tests/helper.sh` directly, or an instruction that says `./run.sh`, works as in Docker.
 - `[verifier] timeout_sec` is the verifier's time limit (`Task.verify_timeout_s`, at most a day
@@ -68,6 +70,7 @@ Decisions:
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 import posixpath
@@ -79,12 +82,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from obsspec.env import dockerfile, images
+from obsspec.env import bwrap, dockerfile, images
 from obsspec.env.semantics import HARBOR, ISOLATED, check as check_semantics
 from obsspec.env.task import Task, check_workdir
 from obsspec.env.taskfolder import (Skip, check_tree, executable_files, file_names, one_line, read_text,
                                     read_tree)
 
+SOLUTION_MAX = 4 << 20  # solution/ with helpers, as a tar archive: it reaches the sandbox as a command
 MAX_SIZE_MB = 1 << 20   # a task's memory or storage: at most 1 TiB (inf overflowed int())
 MAX_VERIFY_TIMEOUT_S = 86_400.0  # a task's own limit, kept finite (JSON has no infinity)
 DEFAULT_WORKDIR = "/app"  # what Harbor images usually use
@@ -206,7 +210,7 @@ def _import_task(folder: Path, semantics: str) -> tuple[Task, list[str], str]:
         image.setdefault("resources", {})["internet"] = True
     task = Task(
         task_id=f"harbor-{slug}", family=f"harbor:{_slug(category) or 'uncategorised'}",
-        instruction=instruction, solution=_solution(folder, _env(config, "solution")),
+        instruction=instruction, solution=_solution(folder, _env(config, "solution"), semantics),
         verify=_verify_script(workdir, _env(config, "verifier"), executable_files(folder, "tests")),
         verify_files=read_tree(folder, "tests"), files=files, setup=setup, workdir=workdir,
         source=f"harbor:{folder}", verify_timeout_s=timeout, semantics=semantics, **image,
@@ -377,18 +381,31 @@ def _dockerfile_workdir(text: str) -> str:
     return workdir
 
 
-def _solution(folder: Path, env: dict[str, str]) -> list[str]:
+def _solution(folder: Path, env: dict[str, str], semantics: str) -> list[str]:
+    """The reference solution: solve.sh as one command; with other files in solution/, as in
+    Harbor, the folder is unpacked at /solution first and `bash /solution/solve.sh` runs
+    (Harbor semantics: the agent is root in its container; the isolated sandbox has no /solution)."""
     if not (folder / "solution/solve.sh").is_file():
         return []  # still importable; prepare-tasks reports that it cannot be validated
     script = read_text(folder, "solution/solve.sh")
-    others = [rel for rel in file_names(folder / "solution") if rel != "solve.sh"]
-    used = [rel for rel in others if posixpath.basename(rel) in script]
-    if used or (others and "/solution" in script):
-        raise Skip(f"solution/solve.sh needs other files of solution/ "
-                    f"({', '.join(used or others)}); only a self-contained solve.sh is supported", "solution-files")
     if not script.strip():
         return []
-    return [_exports(env) + script]
+    others = [rel for rel in file_names(folder / "solution") if rel != "solve.sh"]
+    used = [rel for rel in others if posixpath.basename(rel) in script]
+    if not (used or (others and "/solution" in script)):
+        return [_exports(env) + script]
+    if semantics != HARBOR:
+        raise Skip(f"solution/solve.sh needs other files of solution/ ({', '.join(used or others)}), "
+                   f"which only Harbor semantics unpack (at /solution)", "solution-files")
+    files = read_tree(folder, "solution")
+    archive = bwrap.tar_files(files, 0)
+    if len(archive) > SOLUTION_MAX:
+        raise Skip(f"solution/ holds {len(archive) / 2**20:.1f} MB (at most {SOLUTION_MAX >> 20} MB: it is "
+                   f"sent as a command)", "solution-files")
+    body = base64.encodebytes(archive).decode()
+    unpack = (f"mkdir -p /solution && base64 -d <<'OBSSPEC_SOLUTION' | tar -x -C /solution\n{body}OBSSPEC_SOLUTION\n"
+              f"{_chmod([f'/solution/{rel}' for rel in executable_files(folder, 'solution')])}")
+    return [unpack + _exports(env) + "bash /solution/solve.sh"]
 
 
 def _verify_script(workdir: str, env: dict[str, str], executable: list[str]) -> str:

@@ -34,6 +34,7 @@ from obsspec.env import dockerfile
 from obsspec.env.podman import (INSTALL_HINT, SUPERVISOR, Environment, PodmanMissing, cache_dir, image_exists,
                                 podman)
 from obsspec.env.semantics import HARBOR
+from obsspec.env.task import file_bytes, file_key
 from obsspec.env.podman import say as podman_say
 
 BASE_IMAGE = "obsspec-debian:bookworm"
@@ -231,8 +232,8 @@ def _build(tag: str, text: str, files: dict[str, str], etc: dict[str, str], log,
                 continue
             path = os.path.join(ctx, rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
-                f.write(content)
+            with open(path, "wb") as f:
+                f.write(file_bytes(content))
             os.chmod(path, 0o755 if rel in executable else 0o644)
         for name, content in etc.items():
             with open(os.path.join(ctx, f".obsspec-etc-{name}"), "w") as f:
@@ -270,7 +271,7 @@ def task_tag(files: dict[str, str], workdir: str, etc: dict[str, str], bases: li
     """The task image's name: a hash of everything it is built from, the IDs of the images it
     builds on included (`bases`), so that a rebuilt base means rebuilt task images. Harbor
     semantics name their layer of ours (`layer`); the isolated images keep their names."""
-    parts = (sorted(files.items()), workdir, sorted(etc.items()), bases)
+    parts = (sorted((k, file_key(v)) for k, v in files.items()), workdir, sorted(etc.items()), bases)
     key = repr((*parts, layer) if layer else parts)
     return f"{TASK_REPO}:{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 

@@ -38,6 +38,7 @@ import weakref
 
 from obsspec.env import podman
 from obsspec.env.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxError, SandboxUnavailable
+from obsspec.env.task import shipped
 
 HOP_GRACE_S = 60.0   # a call's answer may come this much later than its own limit
 PROBE_S = 2.0        # how often the head is probed while sandboxes are open
@@ -279,8 +280,11 @@ class RaySandbox:
                 self.where = {"node_id": node_id, "node_ip": _node_ip(ray, node_id)}
                 self._host = _host(ray, node_id)
                 try:
+                    # (a blob's path is on this machine: its bytes travel instead)
+                    environment = self.environment and dataclasses.replace(
+                        self.environment, files=shipped(self.environment.files))
                     there = await self._call(self._host.start.remote(
-                        self._sid, local, self.workdir, self.environment, files or {}, setup), START_LIMIT_S)
+                        self._sid, local, self.workdir, environment, shipped(files or {}), setup), START_LIMIT_S)
                     break
                 except SandboxLost:
                     if attempt == 2:  # (a host that died while idle is only found out now: once more)
@@ -303,7 +307,8 @@ class RaySandbox:
         self._running()
         # (the reset before it may take RESET_TIMEOUT_S, the verifier up to max_verify_s)
         limit = 180.0 + self.config.max_verify_s
-        return await self._call(self._host.verify.remote(self._sid, script, files, timeout_s, reward_file), limit)
+        return await self._call(self._host.verify.remote(self._sid, script, files and shipped(files), timeout_s,
+                                                         reward_file), limit)
 
     async def close(self) -> None:
         """Close the sandbox there and free its reservation. Safe to call twice."""

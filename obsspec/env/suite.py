@@ -334,6 +334,7 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
         "sha256": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in files.items()},
     }
     files["manifest.json"] = _json(manifest)
+    write_blobs(out_dir, train + val)  # before the lines that name them
     for name, text in files.items():
         with open(os.path.join(out_dir, name), "w") as f:
             f.write(text)
@@ -354,6 +355,25 @@ async def prepare_tasks(cfg: TasksConfig, sandbox: SandboxConfig, out_dir: str, 
     if os.path.exists(checkpoint):
         os.remove(checkpoint)  # complete: nothing left to resume
     return summary
+
+
+BLOBS = "blobs"  # a suite's folder of the tasks' binary files, each named by its sha256
+
+
+def write_blobs(out_dir: str, tasks: list[Task]) -> int:
+    """Copy every blob of `tasks` into out_dir/blobs/ (once per content, checked against its
+    hash as it is read); returns how many were written."""
+    folder, written = os.path.join(out_dir, BLOBS), 0
+    for blob in {b.sha256: b for task in tasks for b in task.blobs}.values():
+        target = os.path.join(folder, blob.sha256)
+        if os.path.isfile(target) and os.path.getsize(target) == blob.size:
+            continue
+        os.makedirs(folder, exist_ok=True)
+        with open(target + ".partial", "wb") as f:
+            f.write(blob.read())
+        os.replace(target + ".partial", target)
+        written += 1
+    return written
 
 
 def _jsonl(rows) -> str:
@@ -380,6 +400,13 @@ def load_tasks(path: str) -> list[Task]:
                         task = Task.from_dict(json.loads(line.decode("utf-8")))
                     except ValueError as e:  # json's and utf-8's errors are ValueErrors too
                         raise SuiteError(f"{p}:{number}: not a task: {e}") from None
+                    if task.blobs:  # (its binary files: in the suite's blobs/, by sha256)
+                        blobs = os.path.join(os.path.dirname(os.path.abspath(p)), BLOBS)
+                        task = task.with_blobs_in(blobs)
+                        missing = [b.sha256[:12] for b in task.blobs if not os.path.isfile(b.path)]
+                        if missing:
+                            raise SuiteError(f"{p}:{number}: task {task.task_id} names files missing from "
+                                             f"{blobs} ({', '.join(missing)}): copy the suite whole")
                     if task.task_id in seen:
                         raise SuiteError(f"{p}:{number}: task id {task.task_id} is also at "
                                          f"{seen[task.task_id]}: ids name one task each")

@@ -19,6 +19,10 @@ Conventions every task follows:
   storage_mb, internet) as its limits. Tasks without them run in the recipe's sandbox backend.
 - `kind` (optional) names the family's variant of the task (dir-stats: which number is asked);
   training interleaves kinds so every part of a run sees the same mix, and reports success per kind.
+- A file's content (`files`, `verify_files`, `image_files`) is text, or a `Blob`: a binary or
+  large file (an imported task's image, database, archive), kept out of the JSON as its sha256 and
+  size, its bytes in the suite's `blobs/` (obsspec/env/suite.py); the hash is the task's, so a
+  suite is reproducible, and a blob whose bytes differ is refused when it is read.
 - `semantics` (optional) is how the task's terminal behaves (obsspec/env/semantics.py): '' is
   `isolated` (the built-in families); `harbor` (imported tasks) runs in a container as Harbor
   runs it: services live on, root in the container, one HOME and the real clock.
@@ -31,8 +35,10 @@ import hashlib
 import json
 import math
 import posixpath
+import os
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from obsspec.env.semantics import HARBOR, ISOLATED, check as check_semantics
 
@@ -57,6 +63,70 @@ def check_relative(path: str) -> None:
         raise ValueError(f"task file path must stay inside its directory, not {path!r}")
 
 
+class Blob(NamedTuple):
+    """A task file's content kept out of the suite's JSON: its sha256, its size, and where its
+    bytes lie (the task folder it was imported from, or the suite's blobs/ folder)."""
+
+    sha256: str
+    size: int
+    path: str = ""
+
+    def read(self) -> bytes:
+        if not self.path:
+            raise ValueError(f"task file {self.sha256[:12]}: no blobs/ folder holds its content "
+                             "(tasks with binary files are read from their prepared suite)")
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read(self.size + 1)
+        except OSError as e:
+            raise ValueError(f"task file {self.sha256[:12]}: cannot read {self.path}: {e.strerror}") from None
+        if len(data) != self.size or hashlib.sha256(data).hexdigest() != self.sha256:
+            raise ValueError(f"task file {self.sha256[:12]}: {self.path} is not the task's content "
+                             "(changed since the suite was prepared)")
+        return data
+
+    def to_json(self) -> dict:
+        return {"sha256": self.sha256, "size": self.size}
+
+    @classmethod
+    def of(cls, path: str) -> "Blob":
+        """The blob of a file on disk (read once, in chunks, for its hash)."""
+        digest, size = hashlib.sha256(), 0
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+        return cls(digest.hexdigest(), size, os.path.abspath(path))
+
+
+FileContent = str | Blob
+
+
+def file_bytes(content: FileContent | bytes) -> bytes:
+    """A task file's bytes (text as UTF-8; a blob read and checked against its hash)."""
+    if isinstance(content, Blob):
+        return content.read()
+    return content if isinstance(content, bytes) else content.encode("utf-8", "surrogateescape")
+
+
+def file_key(content: FileContent | bytes) -> str:
+    """What identifies a file's content in a hash (a blob by its sha256, never by where it lies;
+    bytes as the blob they would be)."""
+    if isinstance(content, bytes):
+        return f"blob:sha256:{hashlib.sha256(content).hexdigest()}"
+    return f"blob:sha256:{content.sha256}" if isinstance(content, Blob) else content
+
+
+def shipped(files: dict) -> dict:
+    """`files` with every blob's bytes read (to send to another machine, where its path is not)."""
+    return {k: v.read() if isinstance(v, Blob) else v for k, v in files.items()}
+
+
+def texts(files: dict[str, FileContent]) -> list[str]:
+    """The text files' contents (what a word heuristic on a task's tests reads)."""
+    return [v for v in files.values() if isinstance(v, str)]
+
+
 @dataclass(frozen=True)
 class Task:
     task_id: str
@@ -64,16 +134,16 @@ class Task:
     instruction: str
     solution: list[str]
     verify: str
-    files: dict[str, str] = field(default_factory=dict)
+    files: dict[str, FileContent] = field(default_factory=dict)
     setup: str = ""
-    verify_files: dict[str, str] = field(default_factory=dict)
+    verify_files: dict[str, FileContent] = field(default_factory=dict)
     workdir: str = "/app"
     max_turns: int = 12
     source: str = "builtin"
     kind: str = ""
     verify_timeout_s: float = 0.0
     image: str = ""
-    image_files: dict[str, str] = field(default_factory=dict)
+    image_files: dict[str, FileContent] = field(default_factory=dict)
     resources: dict = field(default_factory=dict)
     semantics: str = ""
 
@@ -94,13 +164,15 @@ class Task:
             check_semantics(self.semantics)
             if self.semantics == ISOLATED:
                 raise ValueError("task semantics 'isolated' is written as '' (the default)")
-        texts = [self.instruction, self.setup, self.verify, *self.solution,
-                 *self.files.values(), *self.verify_files.values(), *self.image_files.values(), self.image]
-        if any("\0" in t for t in texts):
+        strings = [self.instruction, self.setup, self.verify, *self.solution,
+                   *texts(self.files), *texts(self.verify_files), *texts(self.image_files), self.image]
+        if any("\0" in t for t in strings):
             raise ValueError("task text cannot contain a NUL byte (no shell could read it)")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
+        for name in ("files", "verify_files", "image_files"):
+            d[name] = {k: v.to_json() if isinstance(v, Blob) else v for k, v in d[name].items()}
         if not d["verify_timeout_s"]:  # absent when unset: the suites and hashes of tasks without it
             del d["verify_timeout_s"]  # stay byte for byte what they were
         for name in ("image", "image_files", "resources", "semantics"):  # the same for these
@@ -127,10 +199,29 @@ class Task:
             if not _TYPES[name](value):
                 raise ValueError(f"task field {name!r} must be {_TYPE_NAMES[name]}, got {value!r:.60}")
         d = dict(d)
+        for name in ("files", "verify_files", "image_files"):
+            if name in d:
+                d[name] = {k: Blob(v["sha256"], v["size"]) if isinstance(v, dict) else v for k, v in d[name].items()}
         d["solution"] = list(d.get("solution", []))
         if "verify_timeout_s" in d:
             d["verify_timeout_s"] = float(d["verify_timeout_s"])
         return cls(**d)
+
+    @property
+    def blobs(self) -> list[Blob]:
+        """Every file of the task kept as a blob."""
+        return [v for files in (self.files, self.verify_files, self.image_files) for v in files.values()
+                if isinstance(v, Blob)]
+
+    def with_blobs_in(self, folder: str) -> "Task":
+        """This task with its blobs' bytes read from `folder` (a suite's blobs/, named by sha256)."""
+        if not self.blobs:
+            return self
+        def at(files):
+            return {k: v._replace(path=os.path.join(folder, v.sha256)) if isinstance(v, Blob) else v
+                    for k, v in files.items()}
+        return dataclasses.replace(self, files=at(self.files), verify_files=at(self.verify_files),
+                                   image_files=at(self.image_files))
 
     @property
     def needs_image(self) -> bool:
@@ -149,7 +240,7 @@ class Task:
         with: code of the agent's that the tests ran could have removed it. Built-in verifiers,
         and imported tests that never name the file, report by exit status."""
         return self.source.startswith("harbor:") and any(
-            "reward.txt" in text or "reward.json" in text for text in self.verify_files.values())
+            "reward.txt" in text or "reward.json" in text for text in texts(self.verify_files))
 
     def content_hash(self) -> str:
         """sha256 of the canonical JSON form: equal hashes mean equal tasks."""
@@ -165,20 +256,31 @@ RESOURCES = {"cpus": _positive, "memory_mb": _positive, "storage_mb": _positive,
              "internet": lambda v: isinstance(v, bool)}
 
 
-def _is_str_map(v) -> bool:
-    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-_TYPE_NAMES = {"solution": "a list of strings", "files": "an object of strings",
-               "verify_files": "an object of strings", "max_turns": "a positive integer",
-               "verify_timeout_s": "a number of seconds >= 0", "image_files": "an object of strings",
+def _is_blob_json(x) -> bool:
+    return (isinstance(x, dict) and set(x) == {"sha256", "size"} and isinstance(x["sha256"], str)
+            and bool(SHA256.fullmatch(x["sha256"])) and isinstance(x["size"], int)
+            and not isinstance(x["size"], bool) and x["size"] >= 0)
+
+
+def _is_file_map(v) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and (isinstance(x, str) or _is_blob_json(x))
+                                       for k, x in v.items())
+
+
+_FILES = "an object of texts or {sha256, size} blobs"
+_TYPE_NAMES = {"solution": "a list of strings", "files": _FILES,
+               "verify_files": _FILES, "max_turns": "a positive integer",
+               "verify_timeout_s": "a number of seconds >= 0", "image_files": _FILES,
                "resources": "an object"}
 _TYPES = {name: lambda v: isinstance(v, str) for name in
           ("task_id", "family", "instruction", "verify", "setup", "workdir", "source", "kind", "semantics")}
 _TYPE_NAMES.update({name: "a string" for name in _TYPES})
 _TYPES.update({
     "solution": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
-    "files": _is_str_map, "verify_files": _is_str_map, "image_files": _is_str_map,
+    "files": _is_file_map, "verify_files": _is_file_map, "image_files": _is_file_map,
     "image": lambda v: isinstance(v, str), "resources": lambda v: isinstance(v, dict),
     "max_turns": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
     "verify_timeout_s": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)

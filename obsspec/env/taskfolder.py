@@ -8,7 +8,9 @@ A folder is refused when it holds a symlink leaving it (or to a directory, or to
 or device, more than MAX_TASK_BYTES of files (sizes from stat: a sparse terabyte is never read),
 directories nested deeper than MAX_DEPTH (1,100 levels overflowed os.walk's recursion) or more
 than MAX_ENTRIES entries, a name that is not UTF-8 or holds a control character (names are shown
-on terminals and written in tar headers), a binary or non-UTF-8 file.
+on terminals and written in tar headers). A file of a task's trees (`read_tree`) is text, or, when
+it is binary, not UTF-8 or over TEXT_MAX, a `Blob` (its sha256, size and path: obsspec/env/task.py).
+task.toml, instruction.md, the Dockerfile and the scripts are read as text (`read_text`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import os
 import stat
 from pathlib import Path
 
-MAX_TASK_BYTES = 5 * 1024 * 1024
+from obsspec.env.task import Blob
+
+MAX_TASK_BYTES = 256 * 1024 * 1024  # a task folder's files in all (images, databases, archives)
+TEXT_MAX = 1024 * 1024                # a larger file is a blob even when it is text
 MAX_DEPTH = 32          # directory levels in a task folder
 MAX_ENTRIES = 5_000     # files and directories in a task folder
 
@@ -104,10 +109,26 @@ def executable_files(folder: Path, sub: str) -> list[str]:
     return [rel for rel in file_names(folder / sub) if os.stat(folder / sub / rel).st_mode & 0o111]
 
 
-def read_tree(folder: Path, sub: str, exclude: set[str] | tuple = ()) -> dict[str, str]:
-    """Every file under folder/sub as text, keyed by its path relative to sub."""
-    return {rel: read_text(folder, f"{sub}/{rel}")
+def read_tree(folder: Path, sub: str, exclude: set[str] | tuple = ()) -> dict[str, str | Blob]:
+    """Every file under folder/sub, as text or as a blob, keyed by its path relative to sub."""
+    return {rel: read_file(folder, f"{sub}/{rel}")
             for rel in file_names(folder / sub) if rel not in exclude}
+
+
+def read_file(folder: Path, rel: str) -> str | Blob:
+    """A small UTF-8 text file as text; any other file as a blob of its bytes."""
+    path = folder / rel
+    try:
+        if path.stat().st_size <= TEXT_MAX:
+            data = path.read_bytes()
+            if b"\0" not in data:
+                try:
+                    return data.decode("utf-8")
+                except UnicodeDecodeError:
+                    pass
+        return Blob.of(os.path.realpath(path))
+    except OSError as e:
+        raise Skip(f"cannot read {rel}: {e.strerror}") from None
 
 
 def read_text(folder: Path, rel: str) -> str:

@@ -211,6 +211,21 @@ def test_engine_failure_of_the_world_model_is_no_draft_and_the_episode_goes_on()
     events.check_accounting()
 
 
+def test_a_world_model_adapter_unloaded_mid_rollout_is_a_miss_not_a_failed_episode():
+    """Co-training on another process unloads the adapter version a draft was asked of: vLLM
+    answers 404. That draft is a miss; before, it raised from the episode and the other ranks
+    waited out the collective timeout."""
+    from obsspec.engines.vllm import AdapterNotServed
+
+    gone = AdapterNotServed(404, "the server does not serve 'wm-v3'; it serves ['Qwen/Qwen3-0.6B', 'wm-v4']")
+    sched, events = scheduler(Predictor(error=gone))
+    traj = asyncio.run(sched.run_episode(TASK, 0, FakeTool(), speculative=True))
+    assert traj.infra_error == "" and traj.reward == 1.0
+    ends = [e.data for e in events if e.kind == "request_end"]
+    assert ends and all(d["outcome"] == "failed" and "wm-v3" in d["reason"] for d in ends)
+    events.check_accounting()
+
+
 def test_engine_failure_of_the_committed_speculation_is_an_infra_error():
     tok = ByteTokenizer()
 

@@ -36,6 +36,11 @@ class EngineClosedError(RuntimeError):
     """Raised for requests that were still pending or running when the engine was closed."""
 
 
+class NotServed(RuntimeError):
+    """The model or adapter a request named is not (or no longer) served: a world model's draft
+    asked of an adapter version another process just unloaded is a miss, a policy's is an error."""
+
+
 class PromptTooLong(ValueError):
     """The prompt (with the tokens asked for, where the server counts them) does not fit the
     model's positions: refused, nothing generated."""

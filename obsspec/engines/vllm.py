@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 from obsspec.engines.base import (
     EngineClosedError,
+    NotServed,
     Generation,
     GenerationRequest,
     PromptTooLong,
@@ -61,6 +62,10 @@ class VLLMServerError(RuntimeError):
     def __init__(self, status: int, message: str):
         super().__init__(f"vLLM server answered {status}: {message}")
         self.status = status
+
+
+class AdapterNotServed(VLLMServerError, NotServed):
+    """404: the model or adapter named is not served (an adapter version unloaded meanwhile)."""
 
 
 class VLLMEngine:
@@ -275,7 +280,7 @@ class VLLMEngine:
                 raise PromptTooLong(message)
             if status == 404 and body and f"`{body.get('model')}` does not exist" in message:
                 served = [m.get("id") for m in await self.served_models()]
-                raise VLLMServerError(status, _not_served(body["model"], served))
+                raise AdapterNotServed(status, _not_served(body["model"], served))
             raise VLLMServerError(status, message)
         try:
             return json.loads(payload) if payload else {}

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from obsspec import chat
 from obsspec.commands import program_class
-from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest
+from obsspec.engines.base import EngineClosedError, Generation, GenerationRequest, NotServed
 from obsspec.env.sandbox import SandboxError
 from obsspec.env.task import Task
 from obsspec.rollout.cost import LoadMeter
@@ -344,7 +344,9 @@ class Scheduler:
                 self.bus.emit("exec_won", episode, turn, request_id=wm_id)
             self._end(wm_id, "wm", "cancelled", episode, turn, reason=reason)
             raise
-        except INFRA_ERRORS as e:  # the world model's engine failed: no draft, the episode goes on
+        except (*INFRA_ERRORS, NotServed) as e:  # the world model's engine failed, or the adapter
+            # version it was asked for was unloaded meanwhile (co-training swapped it): no draft,
+            # a miss; the episode goes on
             self._end(wm_id, "wm", "failed", episode, turn, reason=repr(e))
             return []
         except BaseException as e:  # a bug: accounted for, then loud

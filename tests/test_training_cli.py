@@ -263,7 +263,9 @@ def test_dry_run_loads_nothing_and_bad_batch_shapes_are_one_line(tmp_path):
 
 def test_two_processes_on_cpu(root, run):
     """Two processes on CPU (torchrun, gloo): each rolls out its half of the step's episodes, the
-    rewards are gathered for the group baselines, DDP averages the gradients, one checkpoint."""
+    rewards are gathered for the group baselines, DDP averages the gradients, a checkpoint a step;
+    the world model co-trained on both ranks' episodes after step 1 is the version both draft
+    with at step 2, and the metrics give each rank's hit rate."""
     launcher = os.path.join(os.path.dirname(sys.executable), "torchrun")
     out = root / "two"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -271,18 +273,26 @@ def test_two_processes_on_cpu(root, run):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     r = subprocess.run([launcher, "--nproc_per_node", "2", "--master_port", str(port), "-m", "obsspec", "train",
-                        *common(root), "train.steps=1", "train.eval_tasks=0", "--out", str(out),
+                        *common(root), "train.steps=2", "train.eval_tasks=0", "--out", str(out),
                         "--display", "none"], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     rows = metrics(out)
-    assert [m["step"] for m in rows] == [1], "only the main process writes metrics.jsonl"
+    assert [m["step"] for m in rows] == [1, 2], "only the main process writes metrics.jsonl"
     assert rows[0]["episodes"] == 4 and rows[0]["processes"] == 2, "the metrics are not of both processes' episodes"
+    assert {"spec/exact_frac/rank0", "spec/exact_frac/rank1"} <= set(rows[1]), "no hit rate per rank"
+    adapters = [json.loads((out / "rollouts" / f"step-000002{r}" / "summary.json").read_text())["world_model_adapter"]
+                for r in ("", ".rank1")]
+    assert adapters == ["wm-v1", "wm-v1"], f"the ranks drafted with different world models at step 2: {adapters}"
+    step1 = [t for r in ("", ".rank1") for t in
+             (out / "rollouts" / f"step-000001{r}" / "trajectories-speculative.jsonl").read_text().splitlines()]
+    assert len(step1) == 4 and rows[1]["wm/examples"] >= 4, \
+        f"co-training learnt from {rows[1]['wm/examples']} rows, not from both ranks' 4 episodes"
     assert (out / "rollouts" / "step-000001").is_dir() and (out / "rollouts" / "step-000001.rank1").is_dir()
     assert len(trajectories(out, 1)) == 2, "rank 0 rolled out its half of the 4 episodes"
     episodes = [json.loads(x)["episode"] for x in
                 (out / "rollouts" / "step-000001.rank1" / "episodes.jsonl").read_text().splitlines()]
     assert episodes == [2, 3], "rank 1's episodes (and seeds) follow rank 0's"
-    assert (out / "checkpoints" / "checkpoint-1").is_dir()
+    assert (out / "checkpoints" / "checkpoint-2").is_dir()
     assert "Writing model shards" not in r.stderr + r.stdout, "a progress bar of the checkpoint garbles the display"
 
 

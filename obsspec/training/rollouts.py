@@ -137,9 +137,13 @@ class Rollouts:
             # (rank 0 alone would hide, among others, the other ranks' infra failures)
             from accelerate.utils import gather_object
 
-            parts = [StepRollouts(result.step, [], {}, result.class_hits, result.sec, result.by_kind,
-                                  result.spec, result.counts)]
-            merged = merge_steps(gather_object(parts))
+            parts = [StepRollouts(result.step, [], {"spec/exact_frac": result.metrics.get("spec/exact_frac")},
+                                  result.class_hits, result.sec, result.by_kind, result.spec, result.counts)]
+            gathered = gather_object(parts)
+            merged = merge_steps(gathered)
+            # the hit rate of each process's drafts (all of them draft with the same world model)
+            merged.metrics.update({f"spec/exact_frac/rank{k}": p.metrics.get("spec/exact_frac")
+                                   for k, p in enumerate(gathered)})
             merged.trajectories = result.trajectories
             self.last = merged
         for hook in self.after_rollouts:
@@ -200,9 +204,11 @@ class Rollouts:
         result = StepRollouts(step, trajectories, {}, class_hits(trajectories), time.monotonic() - t0,
                               success_by_kind(tasks, trajectories), batch.metrics, counts)
         result.summarise()
+        inner = getattr(self.predictor, "inner", self.predictor)  # (the world model behind the history tiers)
         write_summary(out, {"command": "train", "step": result.step, "episodes": len(tasks),
                             "modes": {batch.mode: result.metrics}, "spec/class_hits": result.class_hits,
-                            "success_by_kind": result.by_kind})
+                            "success_by_kind": result.by_kind,
+                            "world_model_adapter": getattr(inner, "adapter", None) if s.speculative else None})
         if not label:
             self.last = result
         return result
@@ -239,9 +245,12 @@ class Rollouts:
             out["infra_error"].append(tr.infra_error)
         return out
 
+    def step_dir(self, step: int, rank: int) -> str:
+        """Where process `rank` writes step `step`'s rollouts."""
+        return os.path.join(self.out_dir, "rollouts", f"step-{step:06d}" + (f".rank{rank}" if rank else ""))
+
     def _step_dir(self, step: int) -> str:
-        name = f"step-{step:06d}" + (f".rank{self.rank}" if self.rank else "")
-        return _fresh_dir(os.path.join(self.out_dir, "rollouts", name))
+        return _fresh_dir(self.step_dir(step, self.rank))
 
 
 def _fresh_dir(path: str) -> str:

@@ -127,6 +127,14 @@ def _build(recipe: Recipe, out_dir: str, state, live, display, train, val, polic
         cotrainer = CoTrainer(recipe.wm_train, t, wm_path, wm_engine, _inner(predictor), out_dir, display,
                               initial=adapter.path if adapter is not None else None,
                               gpu=recipe.servers.cotrain_gpu)
+    if speculative and t.cotrain_every and state.num_processes > 1:
+        from obsspec.training.wm_sync import WorldModelSync  # every rank the current version, all episodes
+
+        sync = WorldModelSync(state, rollouts, _inner(predictor), wm_engine, cotrainer,
+                              shared=recipe.world_model.engine == "vllm")
+        rollouts.before_rollouts.append(sync.before_rollouts)
+        rollouts.after_rollouts.append(sync.after_rollouts)
+    elif cotrainer is not None:
         rollouts.before_rollouts.append(cotrainer.before_rollouts)
         rollouts.after_rollouts.append(cotrainer.after_rollouts)
     return TrainingRun(recipe, out_dir, state, train, val, model, policy_engine, wm_engine, tokenizer,

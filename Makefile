@@ -68,13 +68,15 @@ demo: install
 # Fast unit tests and the integration tests (real sandboxes and containers, real CLI, tiny local
 # models, a real vLLM server, a Ray cluster of this machine: OBSSPEC_REQUIRE_VLLM=1,
 # OBSSPEC_REQUIRE_PODMAN=1 and OBSSPEC_REQUIRE_RAY=1 make their absence a failure, not a skip).
-# One process by default; TEST_WORKERS=2 runs two pytest workers that take whole files
-# (tests/conftest.py): 20 min instead of 32 on 2 cores, but twice the load on the tests that time
-# commands in sandboxes beside busy neighbours (a container episode was seen to differ once).
-TEST_WORKERS ?= 0
+# Two pytest workers that take whole files (tests/conftest.py; TEST_WORKERS=0: one process), then,
+# alone in one process, the tests that load the CPU on purpose or time passes against each other
+# (the `serial` ones), so that none of them runs beside another test.
+TEST_WORKERS ?= 2
 xdist = $(if $(filter 0,$(1)),,-n $(1))
+REQUIRE := OBSSPEC_REQUIRE_VLLM=1 OBSSPEC_REQUIRE_PODMAN=1 OBSSPEC_REQUIRE_RAY=1
 test: install install-vllm install-podman
-	OBSSPEC_REQUIRE_VLLM=1 OBSSPEC_REQUIRE_PODMAN=1 OBSSPEC_REQUIRE_RAY=1 $(BIN)/python -m pytest -q $(call xdist,$(TEST_WORKERS)) --durations=15 -m "not gpu" tests
+	$(REQUIRE) $(BIN)/python -m pytest -q $(call xdist,$(TEST_WORKERS)) --durations=15 -m "not gpu and not serial" tests
+	$(REQUIRE) $(BIN)/python -m pytest -q --durations=5 -m "not gpu and serial" tests
 
 # The developer's loop: everything but the slow tier (tests/conftest.py), in two workers (FAST_WORKERS).
 FAST_WORKERS ?= 2

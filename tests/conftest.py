@@ -106,7 +106,19 @@ SLOW_TESTS = {
 }
 
 
-# `make test TEST_WORKERS=2` and `make test-fast` run two pytest workers (pytest-xdist), which take whole groups: a file's tests
+# Tests that load the machine's CPU on purpose (busy neighbours, process and thread fills, busy
+# loops) or time one pass against another: `make test` runs them after the others, in one process,
+# so that nothing of another worker runs beside them (a container episode beside a busy-neighbours
+# test in the other worker was seen to differ once).
+SERIAL_FILES = {"test_sandbox_trust.py", "test_harbor_trust.py", "test_gate_engines.py"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "serial: loads the CPU on purpose or times passes against each "
+                                       "other: `make test` runs these alone, after the others")
+
+
+# `make test` and `make test-fast` run two pytest workers (pytest-xdist), which take whole groups: a file's tests
 # stay in one worker (its module fixtures are built once), and every test that starts containers or
 # uses the Ray cluster runs in one group, so the session's podman base image, its check that no
 # container is left behind, and the Ray cluster are one worker's alone. The longest groups go first,
@@ -143,6 +155,8 @@ def pytest_collection_modifyitems(items):
         remote = getattr(item, "callspec", None) is not None and item.callspec.params.get("sandbox_backend") in ("podman", "ray")
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration") or remote:
             item.add_marker(pytest.mark.slow)
+        if item.path.name in SERIAL_FILES:
+            item.add_marker(pytest.mark.serial)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # (one process keeps the files' order)
         rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(xdist_group(item.nodeid), len(rank)))  # (stable: files stay whole)

@@ -586,3 +586,39 @@ def test_the_training_table_shows_val_success_per_family_and_the_world_models_hi
     assert any("dir-stats" in line and "25.0% → 75.0%" in line for line in out.splitlines())
     assert any("count-lines" in line and "25.0% → 25.0%" in line for line in out.splitlines())
     assert "cat:3/4, ls:1/5" in out
+
+
+def test_a_micro_batch_runs_at_its_own_longest_row_with_the_padded_loss(fmt, tokenizer, tmp_path, monkeypatch):
+    """TRL pads a generation batch to its longest row before splitting it into micro-batches: a
+    micro-batch padded 3 prompt columns on the left and 5 completion columns on the right (as a
+    longer row elsewhere in the batch would make it) runs at its own width, with the loss of the
+    padded path up to float rounding."""
+    from trl import GRPOTrainer
+
+    from obsspec.training.sampler import trimmed
+
+    trainer, prompts = sampler_trainer(tokenizer, tmp_path, monkeypatch, logprobs_at(0.7), correction=True)
+    out = trainer._generate_and_score_completions(prompts)
+    rows, width = out["completion_mask"].shape
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    padded = dict(out)
+    padded["prompt_ids"] = torch.cat([torch.full((rows, 3), pad), out["prompt_ids"]], 1)
+    padded["prompt_mask"] = torch.cat([torch.zeros(rows, 3, dtype=out["prompt_mask"].dtype), out["prompt_mask"]], 1)
+    for key, value in out.items():
+        if not key.startswith("prompt") and torch.is_tensor(value) and value.shape == (rows, width):
+            fill = pad if key == "completion_ids" else 0
+            padded[key] = torch.cat([value, torch.full((rows, 5), fill, dtype=value.dtype)], 1)
+    widths = []
+    real = trainer._get_per_token_logps_and_entropies
+
+    def spy(model, input_ids, *args, **kwargs):
+        widths.append(input_ids.shape[1])
+        return real(model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "_get_per_token_logps_and_entropies", spy)
+    trainer.current_gradient_accumulation_steps = 1  # (set by the training loop)
+    ours = trainer._compute_loss(trainer.model, padded)
+    theirs = GRPOTrainer._compute_loss(trainer, trainer.model, padded)
+    assert widths == [out["prompt_ids"].shape[1] + width, out["prompt_ids"].shape[1] + width + 8], widths
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=1e-4), (float(ours), float(theirs))
+    assert trimmed(out) is out, "an unpadded micro-batch is left as it is"

@@ -220,3 +220,30 @@ class SamplerAwareGRPOTrainer(GRPOTrainer):
             self.sampler.apply(self, out)
         return out
 
+
+    def _compute_loss(self, model, inputs):
+        return super()._compute_loss(model, trimmed(inputs))
+
+
+def trimmed(inputs: dict) -> dict:
+    """A micro-batch cut to its own longest row. TRL pads the whole generation batch (prompts on
+    the left, completions on the right) to its longest row before splitting it, so every
+    micro-batch ran at the batch's longest (about 2 x 32k at the GPU recipes' lengths, and its
+    attention over all of it): the prompt columns every row of this micro-batch pads, and the
+    completion columns every row pads, are dropped from every per-position tensor. The loss is the
+    same (RoPE positions are relative; TRL's normalisers count mask tokens, or use the constant
+    max_completion_length), up to float rounding."""
+    prompt, completion = inputs["prompt_mask"], inputs["completion_mask"]
+    rows, width = completion.shape
+    used = prompt.bool().any(0)
+    start = int(used.float().argmax()) if bool(used.any()) else prompt.size(1)
+    used = completion.bool().any(0)
+    end = int(used.nonzero().max()) + 1 if bool(used.any()) else 0
+    if start == 0 and end == width:
+        return inputs
+    out = dict(inputs)
+    out["prompt_ids"], out["prompt_mask"] = inputs["prompt_ids"][:, start:], prompt[:, start:]
+    for key, value in inputs.items():  # (completion_ids/_mask, tool_mask, per-token advantages, logps, ...)
+        if not key.startswith("prompt") and torch.is_tensor(value) and value.dim() == 2 and value.shape == (rows, width):
+            out[key] = value[:, :end]
+    return out

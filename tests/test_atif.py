@@ -178,3 +178,28 @@ def test_rollout_episodes_are_written_as_atif_that_harbor_validates_and_we_read_
                          if st["source"] == "agent"]), "no match recorded what it hid"
     assert all(e["speculation"] == "match" for e in extras if "hidden_sec" in e)
     assert run
+
+
+def _trial(folder: Path, task: str, steps: list[tuple[str, str]]) -> None:
+    """A trial of bash steps (command, output) as an ATIF trajectory."""
+    doc = {"schema_version": "ATIF-v1.6", "session_id": folder.name, "agent": {"name": "a", "version": "1"},
+           "steps": [{"step_id": 1, "timestamp": "2026-01-01T00:00:00+00:00", "source": "user", "message": "do"}]}
+    for i, (command, output) in enumerate(steps):
+        doc["steps"].append({
+            "step_id": i + 2, "timestamp": f"2026-01-01T00:00:{2 * i + 2:02d}+00:00", "source": "agent", "message": "",
+            "tool_calls": [{"tool_call_id": f"c{i}", "function_name": "bash", "arguments": {"command": command}}],
+            "observation": {"results": [{"source_call_id": f"c{i}", "content": output}]},
+            "metrics": {"completion_tokens": 10}, "extra": {"tool_sec": 1.0}})
+    (folder / "agent").mkdir(parents=True)
+    (folder / "agent" / "trajectory.json").write_text(json.dumps(doc))
+    (folder / "result.json").write_text(json.dumps({"task_name": task, "trial_name": folder.name}))
+
+
+def test_a_sibling_hit_needs_an_earlier_sibling_and_empty_and_repeated_outputs_count(tmp_path):
+    """Three trials of one task run `ls` and see the same listing: the first has nobody's result to
+    take, the other two take it (2 sibling hits, not 3). An empty output and an output seen before
+    in the same trial are hits of their own tiers."""
+    for i in range(3):
+        _trial(tmp_path / f"t{i}", "task-a", [("ls", "a.txt\n"), ("touch b", ""), (f"cat a.txt # {i}", "a.txt\n")])
+    job = RecordedJob.load([str(tmp_path)])
+    assert job.measured()["model_free_hits"] == {"empty": 3, "repeat": 3, "sibling": 2}

@@ -7,8 +7,9 @@ The trials' ATIF trajectories (obsspec/atif.py) give the workload, measured:
   speed), the tool time (recorded, or the terminal waits the agent asked for), the command class;
 - per episode: its turns; per task: its trials (GRPO's siblings);
 - per step, what the model-free tiers would have hit: an empty output (`empty`), an output
-  identical to an earlier one in the same episode (`repeat`), or one identical to a sibling
-  trial's for the same command history (`sibling`). Those drafts are instant and exact.
+  identical to an earlier one in the same episode (`repeat`), or one identical to an earlier
+  sibling trial's for the same command history (`sibling`: of a group of identical ones, the first
+  has nobody's result to take). Those drafts are instant and exact.
 The rest go to a world model whose hit rate is given (`spec.hit_rate`, the paper's 66.4 % by
 default) and whose latency is `world_model.*`. Every grid point (concurrency, an engine preset's
 speeds, the hit rate, ...) is simulated `seeds` times on other draws of the world model's hits;
@@ -75,9 +76,13 @@ class RecordedJob:
         return out
 
     def _sibling_has(self, trial: Trial, history: tuple, observation: str) -> bool:
-        """Did another trial of the same task see `observation` after the same commands?"""
+        """Did an earlier trial of the same task see `observation` after the same commands? (Of
+        siblings that run a command at once, one runs it first and has nobody's result to take:
+        one of each identical group is no hit.)"""
         for other in self.trials:
-            if other is trial or other.task != trial.task:
+            if other is trial:
+                return False  # (the trials before it in the job's order only)
+            if other.task != trial.task:
                 continue
             h: tuple = ()
             for step in other.steps:

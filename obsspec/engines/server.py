@@ -78,7 +78,7 @@ class ServersConfig:
                                                "on a machine with an NVIDIA GPU, else the CPU build).")
     start_timeout_s: float = doc(600.0, "Longest a starting server may write nothing to its log, seconds: "
                                         "a cold first start (download, load, compile, CUDA graphs) goes on "
-                                        "as long as it makes progress, up to START_CAP times this.")
+                                        "as long as it makes progress, up to 6 times this (START_CAP).")
     cpu_kv_cache_gb: int = doc(1, "CPU servers: KV cache per server, GiB.")
     gpu_memory_utilization: float = doc(0.0, "GPU servers: share of the GPU's memory each takes "
                                              "(0 = vLLM's default, 0.9; ~0.45 when both share one GPU).")

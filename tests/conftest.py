@@ -111,6 +111,9 @@ SLOW_TESTS = {
 # so that nothing of another worker runs beside them (a container episode beside a busy-neighbours
 # test in the other worker was seen to differ once).
 SERIAL_FILES = {"test_sandbox_trust.py", "test_harbor_trust.py", "test_gate_engines.py"}
+# (a 0.5 s window in which no stopped agent process may write: it once saw a write beside the
+# other worker's training tests, a doubt about the freeze under load that stays documented)
+SERIAL_TESTS = {"test_harbor_semantics.py::test_without_services_in_its_tests_the_agents_processes_are_stopped_for_the_verifier"}
 
 
 def pytest_configure(config):
@@ -155,7 +158,7 @@ def pytest_collection_modifyitems(items):
         remote = getattr(item, "callspec", None) is not None and item.callspec.params.get("sandbox_backend") in ("podman", "ray")
         if item.path.name in SLOW_FILES or name in SLOW_TESTS or item.get_closest_marker("integration") or remote:
             item.add_marker(pytest.mark.slow)
-        if item.path.name in SERIAL_FILES:
+        if item.path.name in SERIAL_FILES or name in SERIAL_TESTS:
             item.add_marker(pytest.mark.serial)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # (one process keeps the files' order)
         rank = {group: i for i, group in enumerate(LONGEST_FIRST)}

@@ -74,6 +74,10 @@ stop_agent() {
     [ "$running" = 1 ] && read -r -t 0.01 _ <&9
   done
   agent_count=$count
+  # (not all stopped after 500 passes: none may run beside the verifier, so all are ended)
+  unstopped=$running
+  [ "$running" = 1 ] && kill_agent
+  return 0
 }
 cont_agent() { local p; for p in "${stopped[@]}"; do kill -CONT "$p"; done; stopped=(); }
 kill_agent() {
@@ -120,6 +124,7 @@ while IFS=' ' read -r op nonce nbytes arg; do
       # verifier's area starts empty; the agent's links into /tests, /logs and /proc go
       # (rc 4: something could not be undone, scored 0; rc 5: the janitor could not run).
       stop_agent
+      [ "$unstopped" = 1 ] && echo "the agent's processes did not all stop: all were ended before the verifier"
       if [ "$agent_count" -gt "$OBSSPEC_MAX_PROCS" ]; then
         kill_agent
         echo "the agent ran $agent_count threads (more than $OBSSPEC_MAX_PROCS, across users): all were ended before the verifier"

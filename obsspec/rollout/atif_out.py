@@ -25,7 +25,7 @@ from pathlib import Path
 
 from obsspec.env.task import Task
 from obsspec.rollout.events import Event
-from obsspec.rollout.trajectory import Trajectory
+from obsspec.rollout.trajectory import Trajectory, action_spans
 
 SCHEMA = "ATIF-v1.6"
 
@@ -76,23 +76,11 @@ class AtifRecorder:
         return datetime.fromtimestamp(self.wall0 + t - (self.t0 or 0.0), timezone.utc).isoformat()
 
 
-def _spans(tr: Trajectory) -> list[tuple[int, int]]:
-    """(prompt tokens, action tokens) of each committed action, from the policy mask."""
-    spans, prev = [], 0
-    for i, m in enumerate(tr.policy_mask):
-        if m and not prev:
-            spans.append([i, 0])
-        if m:
-            spans[-1][1] += 1
-        prev = m
-    return [(a, n) for a, n in spans]
-
-
 def trial_document(task: Task, tr: Trajectory, rec: AtifRecorder, mode: str, model: str = "") -> dict:
     """The ATIF trajectory of one episode."""
     start = rec.start.get(tr.episode, 0.0)
     steps = [{"step_id": 1, "timestamp": rec.wall(start), "source": "user", "message": task.instruction}]
-    spans = _spans(tr)
+    spans = action_spans(tr.policy_mask)  # (prompt tokens, action tokens) of each committed action
     for k, turn in enumerate(tr.turns):
         prompt, tokens = spans[k] if k < len(spans) else (0, 0)
         step = {"step_id": len(steps) + 1, "timestamp": rec.wall(rec.action_at.get((tr.episode, k), start)),

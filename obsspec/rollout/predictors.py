@@ -393,3 +393,8 @@ def derive_seed(*parts) -> int:
     """A 31-bit seed from any parts, stable across processes (no hash randomisation)."""
     digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def world_model_of(predictor):
+    """The predictor behind the history tiers (`WithHistory`), or `predictor` itself."""
+    return predictor.inner if isinstance(predictor, WithHistory) else predictor

@@ -88,3 +88,15 @@ class Trajectory:
         d = dict(d)
         d["turns"] = [Turn(**t) for t in d["turns"]]
         return cls(**d)
+
+
+def action_spans(policy_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """(tokens before it, its length) of each policy action: each run of 1s in a policy mask."""
+    spans, prev = [], 0
+    for i, m in enumerate(policy_mask):
+        if m and not prev:
+            spans.append([i, 0])
+        if m:
+            spans[-1][1] += 1
+        prev = m
+    return [(a, n) for a, n in spans]

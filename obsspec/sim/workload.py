@@ -28,6 +28,7 @@ import statistics
 from dataclasses import dataclass
 
 from obsspec.commands import command_class
+from obsspec.rollout.trajectory import action_spans
 from obsspec.sim.config import SimConfig, SimError, parse_classes
 from obsspec.sim.episodes import SimTurn
 
@@ -83,19 +84,7 @@ def _read_jsonl(path: str) -> list[dict]:
 
 
 def _action_lengths(traj: dict) -> list[int]:
-    return [n for _, n in _action_spans(traj)]
-
-
-def _action_spans(traj: dict) -> list[tuple[int, int]]:
-    """(prompt length, action length) of each action in a trajectory's policy mask."""
-    spans, prev = [], 0
-    for i, m in enumerate(traj["policy_mask"]):
-        if m and not prev:
-            spans.append([i, 0])
-        if m:
-            spans[-1][1] += 1
-        prev = m
-    return [(a, n) for a, n in spans]
+    return [n for _, n in action_spans(traj["policy_mask"])]
 
 
 @dataclass
@@ -217,7 +206,7 @@ class RecordedRun:
         rng, conf_rng = random.Random(cfg.workload.seed), _confidence_draws(cfg.workload.seed)
         out = []
         for traj in self.sequential:
-            e, spans, turns = traj["episode"], _action_spans(traj), []
+            e, spans, turns = traj["episode"], action_spans(traj["policy_mask"]), []
             if e in self.differing():
                 continue  # did other work in the two modes; the measured reduction leaves it out too
             for k, turn in enumerate(traj["turns"]):

@@ -38,6 +38,7 @@ from obsspec.commands import command_class
 from obsspec.env.task import Task
 from obsspec.rollout.batch import Live, mode_name, run_episodes, write_summary
 from obsspec.rollout.metrics import SpecMetrics
+from obsspec.rollout.predictors import world_model_of
 from obsspec.rollout.scheduler import Sampling
 from obsspec.rollout.trajectory import Trajectory
 
@@ -204,7 +205,7 @@ class Rollouts:
         result = StepRollouts(step, trajectories, {}, class_hits(trajectories), time.monotonic() - t0,
                               success_by_kind(tasks, trajectories), batch.metrics, counts)
         result.summarise()
-        inner = getattr(self.predictor, "inner", self.predictor)  # (the world model behind the history tiers)
+        inner = world_model_of(self.predictor)
         write_summary(out, {"command": "train", "step": result.step, "episodes": len(tasks),
                             "modes": {batch.mode: result.metrics}, "spec/class_hits": result.class_hits,
                             "success_by_kind": result.by_kind,

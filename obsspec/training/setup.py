@@ -29,7 +29,7 @@ from obsspec.config import Recipe
 from obsspec.jsonl import read_jsonl, write_json, write_jsonl
 from obsspec.env.suite import interleave, load_tasks, spread
 from obsspec.rollout.config import make_gate, sampling
-from obsspec.rollout.predictors import WithHistory
+from obsspec.rollout.predictors import WithHistory, world_model_of
 from obsspec.rollout.gate import SKIP_REASONS
 from obsspec.rollout.metrics import mean_interval, mean_of, pooled_success, skips_phrase
 from obsspec.training.config import TrainError
@@ -124,13 +124,13 @@ def _build(recipe: Recipe, out_dir: str, state, live, display, train, val, polic
     if speculative and t.cotrain_every and state.is_main_process:
         from obsspec.training.cotrain import CoTrainer
 
-        cotrainer = CoTrainer(recipe.wm_train, t, wm_path, wm_engine, _inner(predictor), out_dir, display,
+        cotrainer = CoTrainer(recipe.wm_train, t, wm_path, wm_engine, world_model_of(predictor), out_dir, display,
                               initial=adapter.path if adapter is not None else None,
                               gpu=recipe.servers.cotrain_gpu)
     if speculative and t.cotrain_every and state.num_processes > 1:
         from obsspec.training.wm_sync import WorldModelSync  # every rank the current version, all episodes
 
-        sync = WorldModelSync(state, rollouts, _inner(predictor), wm_engine, cotrainer,
+        sync = WorldModelSync(state, rollouts, world_model_of(predictor), wm_engine, cotrainer,
                               shared=recipe.world_model.engine == "vllm")
         rollouts.before_rollouts.append(sync.before_rollouts)
         rollouts.after_rollouts.append(sync.after_rollouts)
@@ -153,10 +153,6 @@ def sampler_check(recipe: Recipe):
     t, engine = recipe.train, recipe.policy.engine
     correction = t.importance_correction == "on" or (t.importance_correction == "auto" and engine != "hf")
     return SamplerCheck(correction, t.importance_cap, engine, tolerance=t.logprob_tolerance)
-
-
-def _inner(predictor):
-    return predictor.inner if isinstance(predictor, WithHistory) else predictor
 
 
 class TrainingRun:

@@ -116,7 +116,10 @@ def test_a_command_that_times_out_is_left_running_as_a_terminal_leaves_it():
 
 def test_the_images_entrypoint_and_cmd_start_with_the_episode():
     task = example("entrypoint-service")
-    out, _, _ = session(["python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:9000/kv/token\").read().decode())'"], task=task)
+    # (the service may still be starting on a loaded machine: the command waits for it to answer)
+    ask = ("for i in $(seq 300); do python3 -c 'import urllib.request; print(urllib.request.urlopen("
+           "\"http://127.0.0.1:9000/kv/token\").read().decode())' 2>/dev/null && break; sleep 0.2; done")
+    out, _, _ = session([ask], task=task)
     assert out[0] == "cd8124d7ea294afb\n", out[0]
 
 
